@@ -1,0 +1,2 @@
+//! The `ferroce` command-line tool.
+fn main() {}
