@@ -2,7 +2,266 @@
 //! ferroce transport core and a network interface.
 //!
 //! Every backend (AF_XDP, AF_PACKET with TPACKET_V3 rings, a kernel UDP
-//! socket on port 4791, and an in-memory pair for tests) sits behind one
-//! batch receive/transmit trait, so the layers above never learn which one
-//! carries their frames. The crate knows frames, not queue pairs: it does not
-//! depend on `ferroce-stack`.
+//! socket on port 4791, and an in-memory switch for tests) sits behind one
+//! batch receive/transmit trait, [`PacketIo`], so the layers above never learn
+//! which one carries their frames. The crate knows frames, not queue pairs: it
+//! does not depend on `ferroce-stack`.
+//!
+//! The trait *lends* buffers instead of handing out owned ones: a received
+//! frame is borrowed by a callback straight from the ring (or socket buffer)
+//! and goes back to the pool when the callback returns; a frame to send is
+//! written by a callback straight into the TX slot. That matches the core's
+//! `handle_frame(now, &[u8])` / `poll_transmit(now, &mut [u8]) -> Option<len>`
+//! shape and costs no copy where the backend has mapped memory.
+
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+pub mod frame;
+pub mod mem;
+pub mod middleware;
+pub mod netns;
+mod sys;
+pub mod udp;
+
+pub use frame::{FrameInfo, ROCE_V2_PORT};
+pub use mem::{MemPort, Switch, SwitchConfig};
+pub use middleware::fault::{FaultConfig, FaultIo};
+pub use middleware::pcap::PcapIo;
+
+/// Errors of the packet engines. Each names the operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NicError {
+    /// A system call failed.
+    #[error("{op}: {source}")]
+    Sys {
+        /// The call and, where useful, its argument (`"bind 127.0.0.1:4791"`).
+        op: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The named interface does not exist (in the current namespace).
+    #[error("no interface named {0:?}")]
+    NoSuchInterface(String),
+    /// A frame is longer than the backend's buffers.
+    #[error("frame of {len} bytes exceeds the {max}-byte limit")]
+    FrameTooLong {
+        /// Length of the frame.
+        len: usize,
+        /// Largest frame the backend carries.
+        max: usize,
+    },
+    /// A frame handed to a backend that needs Ethernet/IP/UDP is not one.
+    #[error("malformed frame: {0}")]
+    Malformed(&'static str),
+    /// An external command (`ip`, `tc`) failed.
+    #[error("`{cmd}` failed ({status}): {stderr}")]
+    Command {
+        /// The command line.
+        cmd: String,
+        /// Exit status as text.
+        status: String,
+        /// What it printed on stderr.
+        stderr: String,
+    },
+    /// The backend needs privileges (CAP_NET_RAW / CAP_NET_ADMIN) we lack.
+    #[error("{0} needs root (CAP_NET_RAW/CAP_NET_ADMIN)")]
+    NeedsPrivilege(&'static str),
+    /// The kernel or the interface does not support what was asked.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// Writing the capture file failed.
+    #[error("pcap: {0}")]
+    Pcap(String),
+    /// A neighbour (MAC for an IP) could not be resolved in time.
+    #[error("no neighbour entry for {0} after resolution")]
+    NoNeighbour(std::net::IpAddr),
+    /// A configuration value is out of range.
+    #[error("bad configuration: {0}")]
+    Config(String),
+}
+
+impl NicError {
+    /// The last OS error, tagged with the operation.
+    pub(crate) fn last_os(op: impl Into<String>) -> Self {
+        NicError::Sys {
+            op: op.into(),
+            source: std::io::Error::last_os_error(),
+        }
+    }
+
+    /// Wraps an `io::Error` with the operation.
+    pub(crate) fn io(op: impl Into<String>, source: std::io::Error) -> Self {
+        NicError::Sys {
+            op: op.into(),
+            source,
+        }
+    }
+}
+
+/// Counters every backend keeps. Monotonic from creation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Frames handed to the `recv` sink.
+    pub rx_frames: u64,
+    /// Bytes of those frames (whole Ethernet frames, no FCS).
+    pub rx_bytes: u64,
+    /// Frames accepted by `transmit` and handed to the kernel / wire.
+    pub tx_frames: u64,
+    /// Bytes of those frames.
+    pub tx_bytes: u64,
+    /// Frames lost on receive: ring/queue overflow reported by the kernel or
+    /// the in-memory switch, or frames that could not be parsed.
+    pub rx_dropped: u64,
+    /// Frames the `fill` callback produced that could not be sent (malformed
+    /// for this backend, or the kernel refused them).
+    pub tx_dropped: u64,
+    /// Times `transmit` stopped early because the TX ring / socket buffer was
+    /// full (the caller should retry after `wait_writable` or a short pause).
+    pub tx_ring_full: u64,
+    /// System calls (or ring kicks) made, for cost-per-frame reports.
+    pub syscalls: u64,
+}
+
+impl Stats {
+    /// Field-wise difference `self - earlier`, for rates.
+    pub fn since(&self, earlier: &Stats) -> Stats {
+        Stats {
+            rx_frames: self.rx_frames.wrapping_sub(earlier.rx_frames),
+            rx_bytes: self.rx_bytes.wrapping_sub(earlier.rx_bytes),
+            tx_frames: self.tx_frames.wrapping_sub(earlier.tx_frames),
+            tx_bytes: self.tx_bytes.wrapping_sub(earlier.tx_bytes),
+            rx_dropped: self.rx_dropped.wrapping_sub(earlier.rx_dropped),
+            tx_dropped: self.tx_dropped.wrapping_sub(earlier.tx_dropped),
+            tx_ring_full: self.tx_ring_full.wrapping_sub(earlier.tx_ring_full),
+            syscalls: self.syscalls.wrapping_sub(earlier.syscalls),
+        }
+    }
+}
+
+/// The callback `recv` lends each received frame to.
+pub type RxSink<'a> = dyn FnMut(&[u8]) + 'a;
+/// The callback `transmit` asks for each frame: write a whole Ethernet frame
+/// into the buffer and return its length, or `None` when there is nothing
+/// more to send (the slot is then given back unused).
+pub type TxFill<'a> = dyn FnMut(&mut [u8]) -> Option<usize> + 'a;
+
+/// A packet engine: batches of whole Ethernet frames in and out.
+///
+/// Frames are Ethernet / IPv4 or IPv6 / UDP / payload, as on the wire, without
+/// FCS. Object safe, so an engine can hold a `Box<dyn PacketIo>`.
+///
+/// How an engine drives it:
+/// 1. `recv(64, &mut |f| core.handle_frame(now, f))` until it returns 0;
+/// 2. `transmit(64, &mut |buf| core.poll_transmit(now, buf))` until it returns
+///    less than asked (nothing left, or the ring is full: `stats().tx_ring_full`);
+/// 3. when idle, sleep in `epoll`/`poll` on [`PacketIo::poll_fd`] (readable =
+///    frames may be waiting) with the core's next timeout, or — in busy-poll
+///    mode — just loop.
+pub trait PacketIo: Send {
+    /// Short backend name (`"mem"`, `"udp"`, `"afpacket"`, `"afxdp"`).
+    fn kind(&self) -> &'static str;
+
+    /// Largest frame (Ethernet header included, FCS excluded) this backend
+    /// carries; `transmit` buffers are at least this long.
+    fn max_frame_len(&self) -> usize;
+
+    /// The MAC address frames from this port carry as source.
+    fn mac(&self) -> [u8; 6];
+
+    /// Receives up to `max` frames, lending each to `sink` in arrival order.
+    /// The buffer returns to the backend's pool when `sink` returns, so copy
+    /// what must outlive the call. Never blocks; returns how many frames were
+    /// delivered (0 = nothing waiting).
+    fn recv(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError>;
+
+    /// Sends up to `max` frames. For each free TX slot the backend calls
+    /// `fill` with the slot's memory (at least [`PacketIo::max_frame_len`]
+    /// bytes) and sends the first `n` bytes when it returns `Some(n)`. Stops at
+    /// the first `None`, or early when the TX ring is full. The frames have
+    /// been handed to the kernel (kicked) when this returns. Returns the number
+    /// of frames taken from `fill` (including any counted in `tx_dropped`).
+    fn transmit(&mut self, max: usize, fill: &mut TxFill<'_>) -> Result<usize, NicError>;
+
+    /// A file descriptor that polls readable (`POLLIN`/`EPOLLIN`) when frames
+    /// may be waiting. Level-triggered; spurious wake-ups are possible.
+    fn poll_fd(&self) -> RawFd;
+
+    /// Busy-poll mode for latency runs: the backend may spin in the kernel
+    /// (SO_BUSY_POLL, XDP_USE_NEED_WAKEUP off, ...) instead of sleeping. The
+    /// engine then loops on `recv` without waiting on `poll_fd`.
+    fn set_busy_poll(&mut self, on: bool) -> Result<(), NicError> {
+        let _ = on;
+        Ok(())
+    }
+
+    /// Counters since creation.
+    fn stats(&self) -> Stats;
+
+    /// Sends already-built frames (a convenience over `transmit`; copies each
+    /// frame into its TX slot). Returns how many were taken.
+    fn send_frames(&mut self, frames: &[&[u8]]) -> Result<usize, NicError> {
+        let max = self.max_frame_len();
+        let mut next = 0usize;
+        let mut too_long = None;
+        let n = self.transmit(frames.len(), &mut |buf: &mut [u8]| {
+            let f = frames.get(next)?;
+            if f.len() > buf.len().min(max) {
+                too_long = Some(f.len());
+                return None;
+            }
+            buf[..f.len()].copy_from_slice(f);
+            next += 1;
+            Some(f.len())
+        })?;
+        if let Some(len) = too_long {
+            return Err(NicError::FrameTooLong { len, max });
+        }
+        Ok(n)
+    }
+
+    /// Receives up to `max` frames as owned copies, appended to `out`.
+    fn recv_owned(&mut self, max: usize, out: &mut Vec<Vec<u8>>) -> Result<usize, NicError> {
+        self.recv(max, &mut |f: &[u8]| out.push(f.to_vec()))
+    }
+
+    /// Waits until [`PacketIo::poll_fd`] is readable or `timeout` passes
+    /// (`None` = forever). Returns whether it became readable.
+    fn wait(&self, timeout: Option<Duration>) -> Result<bool, NicError> {
+        sys::poll_readable(self.poll_fd(), timeout)
+    }
+}
+
+impl<T: PacketIo + ?Sized> PacketIo for Box<T> {
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+    fn max_frame_len(&self) -> usize {
+        (**self).max_frame_len()
+    }
+    fn mac(&self) -> [u8; 6] {
+        (**self).mac()
+    }
+    fn recv(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {
+        (**self).recv(max, sink)
+    }
+    fn transmit(&mut self, max: usize, fill: &mut TxFill<'_>) -> Result<usize, NicError> {
+        (**self).transmit(max, fill)
+    }
+    fn poll_fd(&self) -> RawFd {
+        (**self).poll_fd()
+    }
+    fn set_busy_poll(&mut self, on: bool) -> Result<(), NicError> {
+        (**self).set_busy_poll(on)
+    }
+    fn stats(&self) -> Stats {
+        (**self).stats()
+    }
+}
+
+/// Is this process root? Tests that need CAP_NET_ADMIN skip without it.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}

@@ -1,0 +1,198 @@
+//! Thin wrappers over the libc calls several backends share.
+
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use crate::NicError;
+
+/// poll(2) one fd for `events`; `None` timeout waits forever.
+pub(crate) fn poll_fd(fd: RawFd, events: i16, timeout: Option<Duration>) -> Result<bool, NicError> {
+    let ms: libc::c_int = match timeout {
+        None => -1,
+        // Round up so a 100 µs timeout does not become a 0 ms busy poll.
+        Some(d) => d.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int,
+    };
+    let mut pfd = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: pfd is a valid pollfd for the duration of the call; nfds = 1.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r >= 0 {
+            return Ok(r > 0);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(NicError::io("poll", e));
+        }
+    }
+}
+
+pub(crate) fn poll_readable(fd: RawFd, timeout: Option<Duration>) -> Result<bool, NicError> {
+    poll_fd(fd, libc::POLLIN, timeout)
+}
+
+/// Turns a libc return value into a Result, naming the call.
+pub(crate) fn cvt(r: libc::c_int, op: &str) -> Result<libc::c_int, NicError> {
+    if r < 0 {
+        Err(NicError::last_os(op))
+    } else {
+        Ok(r)
+    }
+}
+
+/// Wraps a freshly created fd (checked for < 0) into an OwnedFd.
+pub(crate) fn owned(fd: libc::c_int, op: &str) -> Result<OwnedFd, NicError> {
+    let fd = cvt(fd, op)?;
+    // SAFETY: fd was just returned by the kernel, is valid and owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// setsockopt with a plain value.
+pub(crate) fn setsockopt<T>(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    val: &T,
+    op: &str,
+) -> Result<(), NicError> {
+    // SAFETY: val points to size_of::<T>() readable bytes for the call.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (val as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    cvt(r, op).map(|_| ())
+}
+
+/// getsockopt into a plain value.
+pub(crate) fn getsockopt<T: Default>(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    op: &str,
+) -> Result<T, NicError> {
+    let mut val = T::default();
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: val has room for len bytes; len is updated by the kernel.
+    let r = unsafe { libc::getsockopt(fd, level, name, (&mut val as *mut T).cast(), &mut len) };
+    cvt(r, op).map(|_| val)
+}
+
+/// Interface index by name (in the calling thread's namespace).
+pub(crate) fn if_index(name: &str) -> Result<u32, NicError> {
+    let c = std::ffi::CString::new(name).map_err(|_| NicError::NoSuchInterface(name.into()))?;
+    // SAFETY: c is a valid NUL-terminated string.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if idx == 0 {
+        Err(NicError::NoSuchInterface(name.into()))
+    } else {
+        Ok(idx)
+    }
+}
+
+/// The MAC of an interface, from sysfs (follows the calling thread's netns
+/// only if sysfs was mounted there; the ioctl below is namespace-correct).
+pub(crate) fn if_mac(fd: RawFd, name: &str) -> Result<[u8; 6], NicError> {
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    copy_ifname(&mut ifr, name)?;
+    // SAFETY: SIOCGIFHWADDR reads ifr_name and writes ifr_hwaddr within the struct.
+    let r = unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut ifr) };
+    cvt(r, "ioctl SIOCGIFHWADDR")?;
+    // SAFETY: the kernel filled the ifru_hwaddr arm of the union.
+    let sa = unsafe { ifr.ifr_ifru.ifru_hwaddr };
+    let mut mac = [0u8; 6];
+    for (m, b) in mac.iter_mut().zip(sa.sa_data.iter()) {
+        *m = *b as u8;
+    }
+    Ok(mac)
+}
+
+/// The MTU of an interface.
+pub(crate) fn if_mtu(fd: RawFd, name: &str) -> Result<usize, NicError> {
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    copy_ifname(&mut ifr, name)?;
+    // SAFETY: SIOCGIFMTU reads ifr_name and writes ifru_mtu within the struct.
+    let r = unsafe { libc::ioctl(fd, libc::SIOCGIFMTU, &mut ifr) };
+    cvt(r, "ioctl SIOCGIFMTU")?;
+    // SAFETY: the kernel filled the ifru_mtu arm of the union.
+    let mtu = unsafe { ifr.ifr_ifru.ifru_mtu };
+    Ok(mtu.max(0) as usize)
+}
+
+fn copy_ifname(ifr: &mut libc::ifreq, name: &str) -> Result<(), NicError> {
+    let b = name.as_bytes();
+    if b.is_empty() || b.len() >= ifr.ifr_name.len() {
+        return Err(NicError::NoSuchInterface(name.into()));
+    }
+    for (d, s) in ifr.ifr_name.iter_mut().zip(b) {
+        *d = *s as libc::c_char;
+    }
+    Ok(())
+}
+
+/// A timerfd used as a level-triggered "something is due" flag.
+#[derive(Debug)]
+pub(crate) struct TimerFd(OwnedFd);
+
+impl TimerFd {
+    pub(crate) fn new() -> Result<Self, NicError> {
+        // SAFETY: plain syscall, flags are valid.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        Ok(TimerFd(owned(fd, "timerfd_create")?))
+    }
+
+    pub(crate) fn raw(&self) -> RawFd {
+        use std::os::fd::AsRawFd;
+        self.0.as_raw_fd()
+    }
+
+    /// Arms the timer to fire after `d` (a zero duration fires at once);
+    /// `None` disarms it.
+    pub(crate) fn arm(&self, d: Option<Duration>) {
+        let value = match d {
+            None => libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            Some(d) => {
+                // it_value 0 would disarm: fire "now" as 1 ns.
+                let d = d.max(Duration::from_nanos(1));
+                libc::timespec {
+                    tv_sec: d.as_secs() as libc::time_t,
+                    tv_nsec: d.subsec_nanos() as libc::c_long,
+                }
+            }
+        };
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: value,
+        };
+        // SAFETY: spec is a valid itimerspec; old value not requested. A
+        // failure here (impossible with a valid fd) only costs a wake-up.
+        unsafe { libc::timerfd_settime(self.raw(), 0, &spec, std::ptr::null_mut()) };
+    }
+
+    /// Clears an expiry so the fd stops polling readable.
+    pub(crate) fn clear(&self) {
+        let mut n = 0u64;
+        // SAFETY: reads 8 bytes into n; EAGAIN when not expired is fine.
+        unsafe { libc::read(self.raw(), (&mut n as *mut u64).cast(), 8) };
+    }
+}

@@ -1,0 +1,1 @@
+//! Kernel UDP socket backend (todo).
