@@ -8,3 +8,5 @@
 //!   memory regions, completion and shared receive queues. Frames in, frames
 //!   out, time passed in; no sockets, threads or clocks.
 #![forbid(unsafe_code)]
+
+pub mod wire;
