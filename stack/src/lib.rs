@@ -8,5 +8,7 @@
 //!   memory regions, completion and shared receive queues. Frames in, frames
 //!   out, time passed in; no sockets, threads or clocks.
 #![forbid(unsafe_code)]
+// Nothing a peer sends may unwrap; tests may.
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod wire;

@@ -20,6 +20,7 @@ pub mod immdt;
 pub mod opcode;
 pub mod packet;
 pub mod reth;
+pub mod sample;
 
 pub use error::{Error, Layer, Result};
 pub use opcode::{Ext, OpKind, Opcode, OpcodeInfo, Position, Transport, OPCODES};

@@ -71,7 +71,7 @@ pub enum Ext {
 
 impl Ext {
     /// Length of the header in bytes.
-    pub const fn len(self) -> usize {
+    pub const fn header_len(self) -> usize {
         match self {
             Ext::Reth => reth::HEADER_LEN,
             Ext::Aeth => aeth::HEADER_LEN,
@@ -106,7 +106,7 @@ impl OpcodeInfo {
         let mut n = bth::HEADER_LEN;
         let mut i = 0;
         while i < self.headers.len() {
-            n += self.headers[i].len();
+            n += self.headers[i].header_len();
             i += 1;
         }
         n

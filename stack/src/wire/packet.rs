@@ -71,7 +71,7 @@ pub struct EthernetHeader {
 }
 
 impl EthernetHeader {
-    pub const fn len(&self) -> usize {
+    pub const fn header_len(&self) -> usize {
         ETH_LEN + if self.vlan.is_some() { VLAN_LEN } else { 0 }
     }
 }
@@ -122,7 +122,7 @@ impl IpHeader {
             hop_limit: DEFAULT_TTL,
         }
     }
-    pub const fn len(&self) -> usize {
+    pub const fn header_len(&self) -> usize {
         match self {
             IpHeader::V4 { .. } => IPV4_LEN,
             IpHeader::V6 { .. } => IPV6_LEN,
@@ -212,7 +212,10 @@ pub const fn pad_for(payload_len: usize) -> usize {
 impl PacketRepr {
     /// Ethernet, IP, UDP, BTH and extension headers, in bytes.
     pub fn header_len(&self) -> Result<usize> {
-        Ok(self.eth.len() + self.ip.len() + UDP_LEN + self.bth.opcode.info()?.header_len())
+        Ok(self.eth.header_len()
+            + self.ip.header_len()
+            + UDP_LEN
+            + self.bth.opcode.info()?.header_len())
     }
 
     /// The whole frame length for a payload of `payload_len` bytes (headers,
@@ -249,7 +252,7 @@ impl PacketRepr {
         let buf = &mut buf[..total];
 
         let l3_at = self.emit_ethernet(buf);
-        let udp_at = l3_at + self.ip.len();
+        let udp_at = l3_at + self.ip.header_len();
         let udp_len = total - udp_at;
         self.emit_ip(&mut buf[l3_at..], udp_len);
         {
@@ -266,7 +269,7 @@ impl PacketRepr {
         let mut at = bth_at + bth::HEADER_LEN;
         for ext in info.headers {
             self.emit_ext(*ext, &mut buf[at..]);
-            at += ext.len();
+            at += ext.header_len();
         }
         fill(&mut buf[at..at + payload_len]);
         at += payload_len;
@@ -656,7 +659,7 @@ fn parse_transport(frame: &[u8], f: Framing, icrc_rx: u32) -> Result<ParsedPacke
     let mut ext = ExtHeaders::default();
     let mut at = bth::HEADER_LEN;
     for e in info.headers {
-        let need = at + e.len();
+        let need = at + e.header_len();
         let hb = body.get(at..need).ok_or(Error::Truncated {
             layer: ext_layer(*e),
             needed: need,
@@ -697,7 +700,7 @@ fn parse_transport(frame: &[u8], f: Framing, icrc_rx: u32) -> Result<ParsedPacke
                 len: padded,
             });
         }
-    } else if padded % 4 != 0 || pad > padded {
+    } else if !padded.is_multiple_of(4) || pad > padded {
         return Err(Error::Pad {
             pad: bth.pad_count,
             len: padded,
