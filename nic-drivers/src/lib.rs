@@ -28,6 +28,7 @@ pub use frame::{FrameInfo, ROCE_V2_PORT};
 pub use mem::{MemPort, Switch, SwitchConfig};
 pub use middleware::fault::{FaultConfig, FaultIo};
 pub use middleware::pcap::PcapIo;
+pub use udp::{UdpConfig, UdpIo};
 
 /// Errors of the packet engines. Each names the operation that failed.
 #[derive(Debug, thiserror::Error)]

@@ -1,1 +1,935 @@
-//! Kernel UDP socket backend (todo).
+//! Kernel UDP socket backend: needs no privileges.
+//!
+//! The socket is bound to UDP port 4791 (configurable for tests). Receive
+//! synthesises the Ethernet/IP/UDP headers the layers above (and the ICRC)
+//! expect from what the kernel reports: peer address and port from the
+//! socket address, local address from IP_PKTINFO / IPV6_PKTINFO, ToS and TTL
+//! from IP_RECVTOS / IP_RECVTTL (IPV6_RECVTCLASS / IPV6_RECVHOPLIMIT), lengths
+//! from the datagram. Transmit strips the Ethernet/IP/UDP headers the core
+//! built and sends the UDP payload to the destination IP and port, carrying
+//! the ToS byte (ECN) along as a control message.
+//!
+//! Batching: recvmmsg/sendmmsg, with UDP GRO (one receive returns many
+//! same-size datagrams) and UDP GSO (one send carries up to 64 same-size
+//! datagrams to one peer) when the kernel supports them. An io_uring path
+//! ([`UdpConfig::uring`]) submits the same message batches through a ring;
+//! it falls back to the plain calls when io_uring cannot be set up.
+//!
+//! What is lost compared with a raw backend: the UDP *source* port of sent
+//! frames is always the socket's (the core's per-QP entropy port is not
+//! carried), the MACs are synthetic (from [`crate::frame::mac_for_ip`]), and
+//! the IPv4 id / DF / flow label of received packets are not reported (the
+//! ICRC masks or ignores them: see DESIGN.md).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use crate::frame::{self, HeaderSpec};
+use crate::sys;
+use crate::{NicError, PacketIo, RxSink, Stats, TxFill};
+
+// asm-generic/socket.h (x86-64 and arm64 use the generic values).
+const SO_SNDBUFFORCE: libc::c_int = 32;
+const SO_RCVBUFFORCE: libc::c_int = 33;
+const SO_RXQ_OVFL: libc::c_int = 40;
+const SO_BUSY_POLL: libc::c_int = 46;
+// linux/udp.h
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+// UDP_MAX_SEGMENTS in include/linux/udp.h is 64 on older kernels (128 later).
+const GSO_MAX_SEGS: usize = 64;
+// Largest UDP payload in one datagram (65535 - IPv6-less UDP header - IPv4 header).
+const MAX_DGRAM: usize = 65_507;
+// Room for the control messages we ask for (pktinfo, tos, ttl, gro, ovfl).
+const CMSG_ROOM: usize = 256;
+
+/// UDP backend settings.
+#[derive(Debug, Clone, Copy)]
+pub struct UdpConfig {
+    /// Local address. `0.0.0.0:4791` / `[::]:4791` (dual-stack) for real use;
+    /// tests use `127.0.0.1:<port>` or `[::1]:<port>`.
+    pub bind: SocketAddr,
+    /// Datagrams per recvmmsg/sendmmsg call (messages, each maybe GRO/GSO).
+    pub batch: usize,
+    /// Largest frame handed up or accepted (Ethernet + IP + UDP + payload).
+    pub max_frame_len: usize,
+    /// Coalesce same-size sends to one peer with UDP_SEGMENT.
+    pub gso: bool,
+    /// Ask for coalesced receives with UDP_GRO.
+    pub gro: bool,
+    /// Submit through io_uring (falls back to recvmmsg/sendmmsg if it fails).
+    pub uring: bool,
+    /// Socket buffer size to request (SO_RCVBUF/SO_SNDBUF, forced when root).
+    pub socket_buffer: usize,
+    /// MAC placed as destination in synthesised frames (this host's "MAC").
+    pub mac: [u8; 6],
+}
+
+impl UdpConfig {
+    /// Defaults for `bind`: batch 64, 9000-byte MTU frames, GSO and GRO on,
+    /// io_uring off (no gain measured on this kind of machine, MACHINE.md §3).
+    pub fn new(bind: SocketAddr) -> Self {
+        UdpConfig {
+            bind,
+            batch: 64,
+            max_frame_len: 9018,
+            gso: true,
+            gro: true,
+            uring: false,
+            socket_buffer: 8 << 20,
+            mac: frame::mac_for_ip(bind.ip()),
+        }
+    }
+}
+
+/// Socket address in kernel form.
+pub(crate) fn to_sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match a {
+        SocketAddr::V4(v4) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(v6) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: v6.flowinfo().to_be(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
+                sin6_scope_id: v6.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+/// Kernel socket address back to std; v4-mapped IPv6 becomes IPv4.
+pub(crate) fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match libc::c_int::from(ss.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: family says this storage holds a sockaddr_in.
+            let sin: libc::sockaddr_in =
+                unsafe { std::ptr::read((ss as *const libc::sockaddr_storage).cast()) };
+            let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: family says this storage holds a sockaddr_in6.
+            let sin6: libc::sockaddr_in6 =
+                unsafe { std::ptr::read((ss as *const libc::sockaddr_storage).cast()) };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            let port = u16::from_be(sin6.sin6_port);
+            Some(match ip.to_ipv4_mapped() {
+                Some(v4) => SocketAddr::V4(SocketAddrV4::new(v4, port)),
+                None => SocketAddr::V6(SocketAddrV6::new(ip, port, 0, sin6.sin6_scope_id)),
+            })
+        }
+        _ => None,
+    }
+}
+
+/// One receive or send slot: a buffer plus the kernel structures pointing
+/// into it. Boxed so the pointers stay valid when the Vec of slots moves.
+struct Slot {
+    buf: Vec<u8>,
+    name: libc::sockaddr_storage,
+    iov: libc::iovec,
+    control: [u64; CMSG_ROOM / 8],
+    // TX only: UDP_SEGMENT size of this message (0 = one datagram).
+    seg: usize,
+}
+
+/// What the kernel said about one received datagram.
+#[derive(Debug, Default, Clone, Copy)]
+struct RxMeta {
+    local: Option<IpAddr>,
+    tos: u8,
+    ttl: u8,
+    gro_size: usize,
+}
+
+/// The UDP socket backend.
+pub struct UdpIo {
+    sock: OwnedFd,
+    cfg: UdpConfig,
+    local: SocketAddr,
+    v6_socket: bool,
+    rx_slots: Vec<Box<Slot>>,
+    rx_hdrs: Vec<libc::mmsghdr>,
+    tx_slots: Vec<Box<Slot>>,
+    tx_hdrs: Vec<libc::mmsghdr>,
+    // Frame scratch: the fill callback writes here on TX; RX builds frames here.
+    scratch: Vec<u8>,
+    stats: Stats,
+    kernel_drops: u32,
+    gso: bool,
+    uring: Option<uring::Uring>,
+}
+
+impl std::fmt::Debug for UdpIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UdpIo")
+            .field("local", &self.local)
+            .field("gso", &self.gso)
+            .field("uring", &self.uring.is_some())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: the raw pointers inside the mmsghdr/iovec arrays point only into
+// buffers this struct owns (boxed, never shared); moving the whole struct to
+// another thread keeps them valid and nothing else aliases them.
+unsafe impl Send for UdpIo {}
+
+fn new_slot(len: usize) -> Box<Slot> {
+    Box::new(Slot {
+        buf: vec![0u8; len],
+        // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
+        name: unsafe { std::mem::zeroed() },
+        iov: libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        },
+        control: [0; CMSG_ROOM / 8],
+        seg: 0,
+    })
+}
+
+fn empty_mmsghdr() -> libc::mmsghdr {
+    // SAFETY: mmsghdr is plain old data; all-zero (null pointers, 0 lengths) is valid.
+    unsafe { std::mem::zeroed() }
+}
+
+impl UdpIo {
+    /// Opens and binds the socket.
+    pub fn bind(cfg: UdpConfig) -> Result<Self, NicError> {
+        if cfg.batch == 0 || cfg.batch > 1024 || cfg.max_frame_len < 64 {
+            return Err(NicError::Config(format!("udp {cfg:?}")));
+        }
+        let v6 = cfg.bind.is_ipv6();
+        let domain = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+        // SAFETY: plain syscall with valid constants.
+        let fd = unsafe {
+            libc::socket(
+                domain,
+                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        };
+        let sock = sys::owned(fd, "socket(UDP)")?;
+        let raw = sock.as_raw_fd();
+        let one: libc::c_int = 1;
+        if v6 {
+            // Dual-stack when bound to [::]: v4 peers show up as v4-mapped.
+            let only: libc::c_int = 0;
+            sys::setsockopt(
+                raw,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_V6ONLY,
+                &only,
+                "IPV6_V6ONLY",
+            )?;
+            sys::setsockopt(
+                raw,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_RECVPKTINFO,
+                &one,
+                "IPV6_RECVPKTINFO",
+            )?;
+            sys::setsockopt(
+                raw,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_RECVTCLASS,
+                &one,
+                "IPV6_RECVTCLASS",
+            )?;
+            sys::setsockopt(
+                raw,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_RECVHOPLIMIT,
+                &one,
+                "IPV6_RECVHOPLIMIT",
+            )?;
+        }
+        // On a v6 socket these report v4(-mapped) packets' header fields.
+        sys::setsockopt(raw, libc::IPPROTO_IP, libc::IP_PKTINFO, &one, "IP_PKTINFO")?;
+        sys::setsockopt(raw, libc::IPPROTO_IP, libc::IP_RECVTOS, &one, "IP_RECVTOS")?;
+        sys::setsockopt(raw, libc::IPPROTO_IP, libc::IP_RECVTTL, &one, "IP_RECVTTL")?;
+        // Kernel drop counter (cumulative) on every receive.
+        let _ = sys::setsockopt(raw, libc::SOL_SOCKET, SO_RXQ_OVFL, &one, "SO_RXQ_OVFL");
+        let bufsz = cfg.socket_buffer.min(i32::MAX as usize) as libc::c_int;
+        for (force, plain, what) in [
+            (SO_RCVBUFFORCE, libc::SO_RCVBUF, "SO_RCVBUF"),
+            (SO_SNDBUFFORCE, libc::SO_SNDBUF, "SO_SNDBUF"),
+        ] {
+            // FORCE needs CAP_NET_ADMIN; the plain option is capped by
+            // net.core.[rw]mem_max. Either is fine.
+            if sys::setsockopt(raw, libc::SOL_SOCKET, force, &bufsz, what).is_err() {
+                let _ = sys::setsockopt(raw, libc::SOL_SOCKET, plain, &bufsz, what);
+            }
+        }
+        let gro = cfg.gro && sys::setsockopt(raw, libc::SOL_UDP, UDP_GRO, &one, "UDP_GRO").is_ok();
+        let (ss, len) = to_sockaddr(&cfg.bind);
+        // SAFETY: ss holds a valid sockaddr of `len` bytes.
+        let r = unsafe { libc::bind(raw, (&ss as *const libc::sockaddr_storage).cast(), len) };
+        sys::cvt(r, &format!("bind {}", cfg.bind))?;
+        let local = local_addr(raw)?;
+
+        let rx_len = if gro {
+            MAX_DGRAM + 1
+        } else {
+            cfg.max_frame_len
+        };
+        let tx_len = if cfg.gso {
+            MAX_DGRAM + 1
+        } else {
+            cfg.max_frame_len
+        };
+        let mut io = UdpIo {
+            sock,
+            v6_socket: v6,
+            local,
+            rx_slots: (0..cfg.batch).map(|_| new_slot(rx_len)).collect(),
+            rx_hdrs: (0..cfg.batch).map(|_| empty_mmsghdr()).collect(),
+            tx_slots: (0..cfg.batch).map(|_| new_slot(tx_len)).collect(),
+            tx_hdrs: (0..cfg.batch).map(|_| empty_mmsghdr()).collect(),
+            scratch: vec![0u8; cfg.max_frame_len.max(rx_len + frame::header_len(true))],
+            stats: Stats::default(),
+            kernel_drops: 0,
+            gso: cfg.gso,
+            uring: None,
+            cfg,
+        };
+        if cfg.uring {
+            match uring::Uring::new(cfg.batch) {
+                Ok(u) => io.uring = Some(u),
+                Err(e) => tracing::info!("io_uring unavailable, using recvmmsg/sendmmsg: {e}"),
+            }
+        }
+        Ok(io)
+    }
+
+    /// The bound local address (with the real port when 0 was asked).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Whether the io_uring path is in use.
+    pub fn uses_uring(&self) -> bool {
+        self.uring.is_some()
+    }
+
+    fn prepare_rx(&mut self) {
+        for (slot, h) in self.rx_slots.iter_mut().zip(self.rx_hdrs.iter_mut()) {
+            slot.iov.iov_base = slot.buf.as_mut_ptr().cast();
+            slot.iov.iov_len = slot.buf.len();
+            h.msg_hdr.msg_name = (&mut slot.name as *mut libc::sockaddr_storage).cast();
+            h.msg_hdr.msg_namelen =
+                std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_hdr.msg_iov = &mut slot.iov;
+            h.msg_hdr.msg_iovlen = 1;
+            h.msg_hdr.msg_control = slot.control.as_mut_ptr().cast();
+            h.msg_hdr.msg_controllen = CMSG_ROOM as _;
+            h.msg_hdr.msg_flags = 0;
+            h.msg_len = 0;
+        }
+    }
+
+    fn parse_cmsgs(&mut self, idx: usize) -> RxMeta {
+        let mut m = RxMeta {
+            ttl: 64,
+            ..RxMeta::default()
+        };
+        let Some(h) = self.rx_hdrs.get(idx) else {
+            return m;
+        };
+        let hdr = &h.msg_hdr;
+        // SAFETY: hdr was filled by the kernel; CMSG_* walk only within
+        // msg_control[..msg_controllen], which points into our slot.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(hdr);
+            while !c.is_null() {
+                let data = libc::CMSG_DATA(c);
+                let level = (*c).cmsg_level;
+                let ty = (*c).cmsg_type;
+                let int = || std::ptr::read_unaligned(data.cast::<libc::c_int>());
+                match (level, ty) {
+                    (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                        let p: libc::in_pktinfo = std::ptr::read_unaligned(data.cast());
+                        m.local = Some(IpAddr::V4(Ipv4Addr::from(p.ipi_addr.s_addr.to_ne_bytes())));
+                    }
+                    (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                        let p: libc::in6_pktinfo = std::ptr::read_unaligned(data.cast());
+                        let a = Ipv6Addr::from(p.ipi6_addr.s6_addr);
+                        if m.local.is_none() {
+                            m.local = Some(match a.to_ipv4_mapped() {
+                                Some(v4) => IpAddr::V4(v4),
+                                None => IpAddr::V6(a),
+                            });
+                        }
+                    }
+                    // IP_TOS arrives as one byte, IP_TTL as an int.
+                    (libc::IPPROTO_IP, libc::IP_TOS) => m.tos = *data,
+                    (libc::IPPROTO_IP, libc::IP_TTL) => m.ttl = int().clamp(0, 255) as u8,
+                    (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => m.tos = int().clamp(0, 255) as u8,
+                    (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => m.ttl = int().clamp(0, 255) as u8,
+                    (libc::SOL_UDP, UDP_GRO) => m.gro_size = int().max(0) as usize,
+                    (libc::SOL_SOCKET, SO_RXQ_OVFL) => {
+                        let n = std::ptr::read_unaligned(data.cast::<u32>());
+                        let new = n.wrapping_sub(self.kernel_drops);
+                        self.kernel_drops = n;
+                        self.stats.rx_dropped += u64::from(new);
+                    }
+                    _ => {}
+                }
+                c = libc::CMSG_NXTHDR(hdr, c);
+            }
+        }
+        m
+    }
+
+    /// Turns received datagram `idx` (maybe GRO-coalesced) into frames.
+    fn deliver(&mut self, idx: usize, sink: &mut RxSink<'_>) -> usize {
+        let meta = self.parse_cmsgs(idx);
+        let (Some(h), Some(slot)) = (self.rx_hdrs.get(idx), self.rx_slots.get(idx)) else {
+            return 0;
+        };
+        let total = (h.msg_len as usize).min(slot.buf.len());
+        let Some(peer) = from_sockaddr(&slot.name) else {
+            self.stats.rx_dropped += 1;
+            return 0;
+        };
+        let local_ip = meta.local.unwrap_or(self.local.ip());
+        // Family of the header: follow the peer (v4-mapped already unmapped).
+        let local_ip = match (peer.ip(), local_ip) {
+            (IpAddr::V4(_), IpAddr::V6(a)) => a.to_ipv4_mapped().map_or(local_ip, IpAddr::V4),
+            _ => local_ip,
+        };
+        let spec = HeaderSpec {
+            dst_mac: self.cfg.mac,
+            src_mac: frame::mac_for_ip(peer.ip()),
+            src: peer,
+            dst: SocketAddr::new(local_ip, self.local.port()),
+            tos: meta.tos,
+            ttl: meta.ttl,
+        };
+        let seg = if meta.gro_size > 0 {
+            meta.gro_size
+        } else {
+            total.max(1)
+        };
+        let mut n = 0;
+        let mut off = 0;
+        while off < total || (total == 0 && off == 0) {
+            let len = seg.min(total - off);
+            let payload = &slot.buf[off..off + len];
+            let hl = frame::header_len(peer.is_ipv6());
+            if hl + len > self.cfg.max_frame_len {
+                self.stats.rx_dropped += 1;
+            } else if let Ok(hl) = frame::write_headers(&mut self.scratch, &spec, len) {
+                self.scratch[hl..hl + len].copy_from_slice(payload);
+                sink(&self.scratch[..hl + len]);
+                self.stats.rx_frames += 1;
+                self.stats.rx_bytes += (hl + len) as u64;
+                n += 1;
+            } else {
+                self.stats.rx_dropped += 1;
+            }
+            if total == 0 {
+                break;
+            }
+            off += len;
+        }
+        n
+    }
+
+    fn recv_mmsg(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {
+        let mut delivered = 0;
+        while delivered < max {
+            self.prepare_rx();
+            // With GRO one message may carry many frames; ask for fewer
+            // messages as the budget runs out.
+            let want = (max - delivered).min(self.rx_hdrs.len()) as libc::c_uint;
+            // SAFETY: rx_hdrs[..want] are initialised and point into live slots.
+            let r = unsafe {
+                libc::recvmmsg(
+                    self.sock.as_raw_fd(),
+                    self.rx_hdrs.as_mut_ptr(),
+                    want,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                )
+            };
+            self.stats.syscalls += 1;
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EAGAIN) | Some(libc::EINTR) => break,
+                    // An ICMP error queued from an earlier send; not ours to fail on.
+                    Some(libc::ECONNREFUSED)
+                    | Some(libc::EHOSTUNREACH)
+                    | Some(libc::ENETUNREACH) => continue,
+                    _ => return Err(NicError::io("recvmmsg", e)),
+                }
+            }
+            let got = r as usize;
+            for i in 0..got {
+                delivered += self.deliver(i, sink);
+            }
+            if got < want as usize {
+                break;
+            }
+        }
+        Ok(delivered)
+    }
+
+    /// Sends tx_hdrs[..n]; retries briefly when the socket buffer is full.
+    fn flush_tx(&mut self, n: usize) -> Result<(), NicError> {
+        if let Some(mut u) = self.uring.take() {
+            let fd = self.sock.as_raw_fd();
+            let res = u.send_batch(fd, &mut self.tx_hdrs[..n]).map(<[_]>::to_vec);
+            self.uring = Some(u);
+            self.stats.syscalls += 1;
+            // Messages the ring could not send (EAGAIN, ...) go through the
+            // plain path below, which waits for room.
+            let res = res?;
+            let mut retry = Vec::new();
+            for (i, r) in res.iter().enumerate() {
+                match (r, self.tx_slots.get(i)) {
+                    (Some(_), Some(slot)) => {
+                        let (segs, bytes) = tx_segments(slot);
+                        self.stats.tx_frames += segs as u64;
+                        self.stats.tx_bytes += bytes as u64;
+                    }
+                    _ => retry.push(i),
+                }
+            }
+            if retry.is_empty() {
+                return Ok(());
+            }
+            // Keep it simple: resend the failed ones one by one in order.
+            for i in retry {
+                self.tx_hdrs.swap(0, i);
+                self.tx_slots.swap(0, i);
+                let r = self.flush_plain(0, 1);
+                self.tx_hdrs.swap(0, i);
+                self.tx_slots.swap(0, i);
+                r?;
+            }
+            return Ok(());
+        }
+        self.flush_plain(0, n)
+    }
+
+    fn flush_plain(&mut self, mut done: usize, n: usize) -> Result<(), NicError> {
+        let mut waited = false;
+        while done < n {
+            // SAFETY: tx_hdrs[done..n] are initialised and point into live slots.
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.sock.as_raw_fd(),
+                    self.tx_hdrs.as_mut_ptr().add(done),
+                    (n - done) as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            self.stats.syscalls += 1;
+            if r > 0 {
+                for slot in &self.tx_slots[done..done + r as usize] {
+                    let segs = tx_segments(slot);
+                    self.stats.tx_frames += segs.0 as u64;
+                    self.stats.tx_bytes += segs.1 as u64;
+                }
+                done += r as usize;
+                continue;
+            }
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) | Some(libc::ENOBUFS) if !waited => {
+                    self.stats.tx_ring_full += 1;
+                    waited = true;
+                    sys::poll_fd(
+                        self.sock.as_raw_fd(),
+                        libc::POLLOUT,
+                        Some(Duration::from_millis(50)),
+                    )?;
+                }
+                Some(libc::EIO) | Some(libc::EINVAL)
+                    if self.gso && tx_segments(&self.tx_slots[done]).0 > 1 =>
+                {
+                    // The route cannot segment (no GSO): drop this message and stop coalescing.
+                    tracing::warn!("UDP GSO send failed ({e}); disabling GSO");
+                    self.gso = false;
+                    self.stats.tx_dropped += tx_segments(&self.tx_slots[done]).0 as u64;
+                    done += 1;
+                }
+                _ => {
+                    // Unreachable peer, too big, ...: this message is lost, go on.
+                    tracing::debug!("sendmmsg: {e}");
+                    self.stats.tx_dropped += tx_segments(&self.tx_slots[done]).0 as u64;
+                    done += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// (segments, synthetic frame bytes) a prepared send carries.
+fn tx_segments(slot: &Slot) -> (usize, usize) {
+    let total = slot.iov.iov_len;
+    let hl = frame::header_len(libc::c_int::from(slot.name.ss_family) == libc::AF_INET6);
+    if slot.seg == 0 || slot.seg >= total {
+        return (1, total + hl);
+    }
+    let n = total.div_ceil(slot.seg);
+    (n, total + n * hl)
+}
+
+fn local_addr(fd: RawFd) -> Result<SocketAddr, NicError> {
+    // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: ss has room for len bytes.
+    let r = unsafe {
+        libc::getsockname(
+            fd,
+            (&mut ss as *mut libc::sockaddr_storage).cast(),
+            &mut len,
+        )
+    };
+    sys::cvt(r, "getsockname")?;
+    from_sockaddr(&ss).ok_or(NicError::Malformed(
+        "getsockname returned an unknown family",
+    ))
+}
+
+/// An outgoing message being assembled (maybe several GSO segments).
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    dst: SocketAddr,
+    tos: u8,
+    seg: usize,
+    len: usize,
+    segs: usize,
+    closed: bool,
+}
+
+impl PacketIo for UdpIo {
+    fn kind(&self) -> &'static str {
+        "udp"
+    }
+
+    fn max_frame_len(&self) -> usize {
+        self.cfg.max_frame_len
+    }
+
+    fn mac(&self) -> [u8; 6] {
+        self.cfg.mac
+    }
+
+    fn recv(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {
+        if self.uring.is_some() {
+            return self.recv_uring(max, sink);
+        }
+        self.recv_mmsg(max, sink)
+    }
+
+    fn transmit(&mut self, max: usize, fill: &mut TxFill<'_>) -> Result<usize, NicError> {
+        let mut taken = 0;
+        let mut msgs = 0usize;
+        let mut run: Option<Run> = None;
+        let cap = self.tx_slots.first().map_or(0, |s| s.buf.len());
+        let max_frame = self.cfg.max_frame_len;
+        while taken < max {
+            let Some(n) = fill(&mut self.scratch[..max_frame]) else {
+                break;
+            };
+            taken += 1;
+            let info = match self.scratch.get(..n).map(frame::parse_udp) {
+                Some(Ok(i)) => i,
+                _ => {
+                    self.stats.tx_dropped += 1;
+                    continue;
+                }
+            };
+            let plen = info.payload_len;
+            let dst = info.dst;
+            // Family must match the socket: v4 peers on a v6 socket go v4-mapped.
+            let dst = match (self.v6_socket, dst) {
+                (true, SocketAddr::V4(a)) => {
+                    SocketAddr::new(IpAddr::V6(a.ip().to_ipv6_mapped()), a.port())
+                }
+                (false, SocketAddr::V6(_)) => {
+                    self.stats.tx_dropped += 1;
+                    continue;
+                }
+                _ => dst,
+            };
+            let payload_range = info.payload_offset..info.payload_offset + plen;
+            let appendable = match &run {
+                Some(r) if self.gso && !r.closed && r.dst == dst && r.tos == info.tos => {
+                    plen > 0
+                        && plen <= r.seg
+                        && r.len + plen <= cap.min(MAX_DGRAM)
+                        && r.segs < GSO_MAX_SEGS
+                }
+                _ => false,
+            };
+            if appendable {
+                if let (Some(r), Some(slot)) = (run.as_mut(), self.tx_slots.get_mut(msgs - 1)) {
+                    slot.buf[r.len..r.len + plen].copy_from_slice(&self.scratch[payload_range]);
+                    r.len += plen;
+                    r.segs += 1;
+                    // A shorter segment must be the last one (UDP_SEGMENT rule).
+                    r.closed = plen < r.seg;
+                }
+                continue;
+            }
+            if let Some(r) = run.take() {
+                self.seal(msgs - 1, &r);
+            }
+            if msgs == self.tx_slots.len() {
+                self.flush_tx(msgs)?;
+                msgs = 0;
+            }
+            if let Some(slot) = self.tx_slots.get_mut(msgs) {
+                slot.buf[..plen].copy_from_slice(&self.scratch[payload_range]);
+            }
+            run = Some(Run {
+                dst,
+                tos: info.tos,
+                seg: plen,
+                len: plen,
+                segs: 1,
+                closed: plen == 0,
+            });
+            msgs += 1;
+        }
+        if let Some(r) = run.take() {
+            self.seal(msgs - 1, &r);
+        }
+        if msgs > 0 {
+            self.flush_tx(msgs)?;
+        }
+        Ok(taken)
+    }
+
+    fn poll_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    fn set_busy_poll(&mut self, on: bool) -> Result<(), NicError> {
+        // Microseconds the kernel may spin in recv; needs CAP_NET_ADMIN to raise.
+        let us: libc::c_int = if on { 50 } else { 0 };
+        sys::setsockopt(
+            self.sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_BUSY_POLL,
+            &us,
+            "SO_BUSY_POLL",
+        )
+    }
+
+    fn stats(&self) -> Stats {
+        self.stats
+    }
+}
+
+impl UdpIo {
+    /// Fills in message header `i` for the assembled run.
+    fn seal(&mut self, i: usize, r: &Run) {
+        let (Some(slot), Some(h)) = (self.tx_slots.get_mut(i), self.tx_hdrs.get_mut(i)) else {
+            return;
+        };
+        let (ss, len) = to_sockaddr(&r.dst);
+        slot.name = ss;
+        slot.iov.iov_base = slot.buf.as_mut_ptr().cast();
+        slot.iov.iov_len = r.len;
+        h.msg_hdr.msg_name = (&mut slot.name as *mut libc::sockaddr_storage).cast();
+        h.msg_hdr.msg_namelen = len;
+        h.msg_hdr.msg_iov = &mut slot.iov;
+        h.msg_hdr.msg_iovlen = 1;
+        h.msg_hdr.msg_flags = 0;
+        slot.seg = if r.segs > 1 { r.seg } else { 0 };
+        let mut used = 0usize;
+        let ctl = slot.control.as_mut_ptr().cast::<u8>();
+        h.msg_hdr.msg_control = ctl.cast();
+        h.msg_hdr.msg_controllen = CMSG_ROOM as _;
+        // SAFETY: the control buffer is CMSG_ROOM bytes, 8-aligned; we write at
+        // most two small cmsgs (UDP_SEGMENT u16, TOS int), well within it.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+            if r.segs > 1 && !c.is_null() {
+                (*c).cmsg_level = libc::SOL_UDP;
+                (*c).cmsg_type = UDP_SEGMENT;
+                (*c).cmsg_len = libc::CMSG_LEN(2) as _;
+                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), r.seg as u16);
+                used += libc::CMSG_SPACE(2) as usize;
+                c = libc::CMSG_NXTHDR(&h.msg_hdr, c);
+            }
+            if r.tos != 0 && !c.is_null() {
+                let (level, ty) = if self.v6_socket {
+                    (libc::IPPROTO_IPV6, libc::IPV6_TCLASS)
+                } else {
+                    (libc::IPPROTO_IP, libc::IP_TOS)
+                };
+                (*c).cmsg_level = level;
+                (*c).cmsg_type = ty;
+                (*c).cmsg_len = libc::CMSG_LEN(4) as _;
+                std::ptr::write_unaligned(
+                    libc::CMSG_DATA(c).cast::<libc::c_int>(),
+                    libc::c_int::from(r.tos),
+                );
+                used += libc::CMSG_SPACE(4) as usize;
+            }
+        }
+        h.msg_hdr.msg_controllen = used as _;
+        if used == 0 {
+            h.msg_hdr.msg_control = std::ptr::null_mut();
+        }
+    }
+
+    fn recv_uring(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {
+        let want = max.min(self.rx_hdrs.len());
+        self.prepare_rx();
+        let fd = self.sock.as_raw_fd();
+        // Taken out while frames are delivered (deliver needs &mut self).
+        let Some(mut u) = self.uring.take() else {
+            return Ok(0);
+        };
+        let res = u
+            .recv_batch(fd, &mut self.rx_hdrs[..want])
+            .map(<[_]>::to_vec);
+        self.uring = Some(u);
+        let results = res?;
+        self.stats.syscalls += 1;
+        let mut delivered = 0;
+        for (i, r) in results.iter().enumerate() {
+            if let Some(len) = r {
+                if let Some(h) = self.rx_hdrs.get_mut(i) {
+                    h.msg_len = *len as libc::c_uint;
+                }
+                delivered += self.deliver(i, sink);
+            }
+        }
+        Ok(delivered)
+    }
+}
+
+mod uring {
+    //! io_uring submission of recvmsg batches. Each call submits one RecvMsg
+    //! per slot with MSG_DONTWAIT and waits for all completions, so it has the
+    //! same non-blocking semantics as recvmmsg (one io_uring_enter instead of
+    //! one recvmmsg).
+
+    use io_uring::{opcode, types, IoUring};
+
+    use crate::NicError;
+
+    pub(super) struct Uring {
+        ring: IoUring,
+        results: Vec<Option<usize>>,
+    }
+
+    impl Uring {
+        pub(super) fn new(entries: usize) -> Result<Self, NicError> {
+            let ring = IoUring::new(entries.next_power_of_two() as u32)
+                .map_err(|e| NicError::io("io_uring_setup", e))?;
+            Ok(Uring {
+                ring,
+                results: Vec::new(),
+            })
+        }
+
+        pub(super) fn send_batch(
+            &mut self,
+            fd: i32,
+            hdrs: &mut [libc::mmsghdr],
+        ) -> Result<&[Option<usize>], NicError> {
+            self.results.clear();
+            self.results.resize(hdrs.len(), None);
+            let mut queued = 0;
+            for (i, h) in hdrs.iter().enumerate() {
+                let e = opcode::SendMsg::new(types::Fd(fd), &h.msg_hdr)
+                    .flags(libc::MSG_DONTWAIT as u32)
+                    .build()
+                    .user_data(i as u64);
+                // SAFETY: as in recv_batch: everything the msghdr points to
+                // outlives the wait for all completions below.
+                if unsafe { self.ring.submission().push(&e) }.is_err() {
+                    break;
+                }
+                queued += 1;
+            }
+            self.ring
+                .submit_and_wait(queued)
+                .map_err(|e| NicError::io("io_uring_enter", e))?;
+            for cqe in self.ring.completion() {
+                let i = cqe.user_data() as usize;
+                if cqe.result() >= 0 {
+                    if let Some(slot) = self.results.get_mut(i) {
+                        *slot = Some(cqe.result() as usize);
+                    }
+                }
+            }
+            Ok(&self.results)
+        }
+
+        pub(super) fn recv_batch(
+            &mut self,
+            fd: i32,
+            hdrs: &mut [libc::mmsghdr],
+        ) -> Result<&[Option<usize>], NicError> {
+            self.results.clear();
+            self.results.resize(hdrs.len(), None);
+            let mut queued = 0;
+            for (i, h) in hdrs.iter_mut().enumerate() {
+                let e = opcode::RecvMsg::new(types::Fd(fd), &mut h.msg_hdr)
+                    .flags(libc::MSG_DONTWAIT as u32)
+                    .build()
+                    .user_data(i as u64);
+                // SAFETY: the msghdr and every buffer it points to live in the
+                // UdpIo and outlive the submission: we wait for all completions
+                // below before returning.
+                if unsafe { self.ring.submission().push(&e) }.is_err() {
+                    break;
+                }
+                queued += 1;
+            }
+            self.ring
+                .submit_and_wait(queued)
+                .map_err(|e| NicError::io("io_uring_enter", e))?;
+            for cqe in self.ring.completion() {
+                let i = cqe.user_data() as usize;
+                if cqe.result() >= 0 {
+                    if let Some(slot) = self.results.get_mut(i) {
+                        *slot = Some(cqe.result() as usize);
+                    }
+                }
+            }
+            Ok(&self.results)
+        }
+    }
+}
