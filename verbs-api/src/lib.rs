@@ -7,3 +7,6 @@
 //! out-of-band connection set-up compatible with `ibv_rc_pingpong` and
 //! perftest, and the `ferroce` command-line tool.
 #![forbid(unsafe_code)]
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod decode;

@@ -1,2 +1,53 @@
 //! The `ferroce` command-line tool.
-fn main() {}
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use ferroce_verbs::decode::{decode_capture, Format};
+
+#[derive(Parser, Debug)]
+#[command(name = "ferroce", version, about = "Userspace RoCE v2: tools")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Decode RoCE v2 packets in a pcap/pcapng file and check every ICRC.
+    ///
+    /// Exit status: 0 if every RoCE packet parses with a correct ICRC, 1 if
+    /// any is malformed or has a bad ICRC, 2 if the file cannot be read.
+    Decode {
+        /// The capture (pcap or pcapng; Ethernet, Linux cooked or raw IP).
+        file: PathBuf,
+        /// One JSON object per packet instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Decode { file, json } => {
+            let input = match std::fs::File::open(&file) {
+                Ok(f) => std::io::BufReader::new(f),
+                Err(e) => {
+                    eprintln!("ferroce decode: {}: {e}", file.display());
+                    return ExitCode::from(2);
+                }
+            };
+            let format = if json { Format::Json } else { Format::Text };
+            let mut out = std::io::stdout().lock();
+            match decode_capture(input, &mut out, format) {
+                Ok(summary) => ExitCode::from(summary.exit_code() as u8),
+                Err(e) => {
+                    eprintln!("ferroce decode: {}: {e}", file.display());
+                    ExitCode::from(2)
+                }
+            }
+        }
+    }
+}
