@@ -17,6 +17,7 @@
 use std::os::fd::RawFd;
 use std::time::Duration;
 
+pub mod afpacket;
 pub mod frame;
 pub mod mem;
 pub mod middleware;
