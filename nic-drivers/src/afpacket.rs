@@ -135,7 +135,7 @@ impl Mmap {
 
     /// The u32 at `off`, as an atomic (ring status words are shared with the kernel).
     fn atomic_u32(&self, off: usize) -> Option<&AtomicU32> {
-        if off % 4 != 0 || off + 4 > self.len {
+        if !off.is_multiple_of(4) || off + 4 > self.len {
             return None;
         }
         // SAFETY: in bounds and 4-aligned (the mapping is page-aligned); the

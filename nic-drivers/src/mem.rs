@@ -193,11 +193,17 @@ impl Shared {
                 p.stats.rx_dropped += 1;
                 return;
             }
+            let before = p.queue.next_at();
             match faults {
                 Some(f) => f.apply(frame, now, &mut p.queue),
                 None => p.queue.push(now, frame),
             }
-            rearm(p, now);
+            // Timer syscalls only when the earliest due time moved earlier.
+            if p.queue.next_at() != before
+                && before.is_none_or(|b| p.queue.next_at().is_some_and(|n| n < b))
+            {
+                rearm(p, now);
+            }
         };
         match target {
             Some(i) => {

@@ -168,6 +168,9 @@ struct RxMeta {
 }
 
 /// The UDP socket backend.
+// Slots are boxed on purpose: the mmsghdrs point into each slot's inline
+// name/iovec/control fields, which must not move when slots are swapped.
+#[allow(clippy::vec_box)]
 pub struct UdpIo {
     sock: OwnedFd,
     cfg: UdpConfig,
