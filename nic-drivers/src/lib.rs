@@ -21,6 +21,7 @@ pub mod afpacket;
 pub mod frame;
 pub mod mem;
 pub mod middleware;
+pub mod neigh;
 pub mod netns;
 mod sys;
 pub mod udp;

@@ -84,3 +84,29 @@ fn removed_after_panic() {
     let left = netns::list_namespaces().unwrap();
     assert!(!left.iter().any(|n| n.contains(&tag)), "{left:?}");
 }
+
+#[test]
+fn neighbour_resolution_with_and_without_static_entries() {
+    if skip() {
+        return;
+    }
+    use ferroce_nic::neigh;
+    use std::time::Duration;
+    for static_neighbours in [true, false] {
+        let t = Topology::up(&TopologyConfig {
+            static_neighbours,
+            ..TopologyConfig::default()
+        })
+        .unwrap();
+        let want = t.host(1).mac;
+        for ip in [t.host(1).ipv4.into(), t.host(1).ipv6.into()] {
+            let got = t
+                .run_in(0, move || {
+                    neigh::resolve(ip, "veth0", Duration::from_secs(3))
+                })
+                .unwrap()
+                .unwrap();
+            assert_eq!(got, want, "{ip} static={static_neighbours}");
+        }
+    }
+}
