@@ -18,6 +18,7 @@ use std::os::fd::RawFd;
 use std::time::Duration;
 
 pub mod afpacket;
+pub mod afxdp;
 pub mod frame;
 pub mod mem;
 pub mod middleware;

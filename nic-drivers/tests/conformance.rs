@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 
 use common::*;
 use ferroce_nic::afpacket::{AfPacketConfig, AfPacketIo};
+use ferroce_nic::afxdp::{AfXdpConfig, AfXdpIo};
 use ferroce_nic::frame::ROCE_V2_PORT;
 use ferroce_nic::mem;
 use ferroce_nic::{netns, PacketIo, UdpConfig, UdpIo};
@@ -60,6 +61,21 @@ fn open_udp(_if: &str, e: End) -> Result<Io, ferroce_nic::NicError> {
 
 fn open_afpacket(ifname: &str, _e: End) -> Result<Io, ferroce_nic::NicError> {
     Ok(Box::new(AfPacketIo::open(AfPacketConfig::new(ifname))?))
+}
+
+fn open_afxdp(ifname: &str, _e: End) -> Result<Io, ferroce_nic::NicError> {
+    let io = AfXdpIo::open(AfXdpConfig::new(ifname))?;
+    eprintln!(
+        "afxdp: {} mode, zero-copy {}, {} queue(s)",
+        io.xdp_mode(),
+        io.zero_copy(),
+        io.queues()
+    );
+    Ok(Box::new(io))
+}
+
+fn afxdp_pair(v6: bool) -> Option<Pair> {
+    netns_pair(v6, open_afxdp)
 }
 
 fn udp_pair(v6: bool) -> Option<Pair> {
@@ -144,3 +160,4 @@ macro_rules! conformance {
 conformance!(mem_backend, mem_pair, 1024);
 conformance!(udp_backend, udp_pair, 1024);
 conformance!(afpacket_backend, afpacket_pair, 1024);
+conformance!(afxdp_backend, afxdp_pair, 1024);

@@ -1,0 +1,844 @@
+//! AF_XDP backend: an XDP program steers UDP-to-4791 frames into one AF_XDP
+//! socket per RX queue; everything else goes on to the kernel.
+//!
+//! Written on `libc` and the raw `bpf(2)` call (no libbpf, no xdpilone: the
+//! rings are ~150 lines and this keeps the crate MIT OR Apache-2.0 with no
+//! EUPL dependency). Per queue: a UMEM of 4 KiB chunks (first part RX, the
+//! rest TX slots of 3 contiguous chunks so a 9 KB frame can be written in one
+//! piece), fill/completion/RX/TX rings, bound with XDP_USE_SG so frames larger
+//! than a chunk travel as several descriptors (XDP_PKT_CONTD). Zero-copy bind
+//! is tried first and falls back to copy mode (veth supports only copy).
+//! Native (driver) mode is tried first with BPF_F_XDP_HAS_FRAGS (required on
+//! veth at MTU 9000), then generic (skb) mode. The program is attached with
+//! BPF_LINK_CREATE, so it is detached when the link fd closes: on drop, or by
+//! the kernel when the process dies.
+
+mod bpf;
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use crate::frame::ROCE_V2_PORT;
+use crate::sys;
+use crate::{NicError, PacketIo, RxSink, Stats, TxFill};
+
+// linux/if_xdp.h
+const SOL_XDP: libc::c_int = 283;
+const XDP_MMAP_OFFSETS: libc::c_int = 1;
+const XDP_RX_RING: libc::c_int = 2;
+const XDP_TX_RING: libc::c_int = 3;
+const XDP_UMEM_REG: libc::c_int = 4;
+const XDP_UMEM_FILL_RING: libc::c_int = 5;
+const XDP_UMEM_COMPLETION_RING: libc::c_int = 6;
+const XDP_STATISTICS: libc::c_int = 7;
+const XDP_COPY: u16 = 1 << 1;
+const XDP_ZEROCOPY: u16 = 1 << 2;
+const XDP_USE_NEED_WAKEUP: u16 = 1 << 3;
+const XDP_USE_SG: u16 = 1 << 4;
+const XDP_RING_NEED_WAKEUP: u32 = 1;
+const XDP_PKT_CONTD: u32 = 1;
+const XDP_PGOFF_RX_RING: libc::off_t = 0;
+const XDP_PGOFF_TX_RING: libc::off_t = 0x8000_0000;
+const XDP_UMEM_PGOFF_FILL_RING: libc::off_t = 0x1_0000_0000;
+const XDP_UMEM_PGOFF_COMPLETION_RING: libc::off_t = 0x1_8000_0000;
+// linux/socket.h
+const AF_XDP: libc::c_int = 44;
+// linux/ethtool.h
+const ETHTOOL_GCHANNELS: u32 = 0x3c;
+
+/// Chunk size: one page (the largest aligned-mode chunk).
+const CHUNK: usize = 4096;
+/// Chunks per TX slot: 3 × 4 KiB holds a 9018-byte frame contiguously.
+const TX_SLOT_CHUNKS: usize = 3;
+
+/// XDP attach mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XdpMode {
+    /// Try native (driver) mode, fall back to generic.
+    Auto,
+    /// Native XDP in the driver.
+    Driver,
+    /// Generic XDP on the skb path.
+    Skb,
+}
+
+/// AF_XDP settings.
+#[derive(Debug, Clone)]
+pub struct AfXdpConfig {
+    /// Interface (in the calling thread's namespace).
+    pub ifname: String,
+    /// UDP destination port steered to the sockets.
+    pub port: u16,
+    /// XDP attach mode.
+    pub mode: XdpMode,
+    /// Try a zero-copy bind before copy mode.
+    pub try_zero_copy: bool,
+    /// RX chunks (and fill/RX ring size) per queue; a power of two.
+    pub rx_chunks: usize,
+    /// TX slots (and TX/completion ring size) per queue; a power of two.
+    pub tx_slots: usize,
+}
+
+impl AfXdpConfig {
+    /// Defaults: auto mode, zero-copy attempt, 2048 RX chunks, 512 TX slots.
+    pub fn new(ifname: &str) -> Self {
+        AfXdpConfig {
+            ifname: ifname.to_string(),
+            port: ROCE_V2_PORT,
+            mode: XdpMode::Auto,
+            try_zero_copy: true,
+            rx_chunks: 2048,
+            tx_slots: 512,
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct RingOffset {
+    producer: u64,
+    consumer: u64,
+    desc: u64,
+    flags: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct MmapOffsets {
+    rx: RingOffset,
+    tx: RingOffset,
+    fr: RingOffset,
+    cr: RingOffset,
+}
+
+#[repr(C)]
+struct UmemReg {
+    addr: u64,
+    len: u64,
+    chunk_size: u32,
+    headroom: u32,
+    flags: u32,
+    tx_metadata_len: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct XdpDesc {
+    addr: u64,
+    len: u32,
+    options: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct XdpStatistics {
+    rx_dropped: u64,
+    rx_invalid_descs: u64,
+    tx_invalid_descs: u64,
+    rx_ring_full: u64,
+    rx_fill_ring_empty_descs: u64,
+    tx_ring_empty_descs: u64,
+}
+
+/// An anonymous or ring mapping, unmapped on drop.
+#[derive(Debug)]
+struct Map {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Map {
+    fn anon(len: usize) -> Result<Self, NicError> {
+        // SAFETY: anonymous private mapping; no fd involved.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(NicError::last_os("mmap UMEM"));
+        }
+        Ok(Map { ptr: p.cast(), len })
+    }
+
+    fn ring(fd: RawFd, len: usize, pgoff: libc::off_t) -> Result<Self, NicError> {
+        // SAFETY: maps the ring the kernel created for this socket at `pgoff`;
+        // the kernel validates the length.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                pgoff,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(NicError::last_os("mmap XDP ring"));
+        }
+        Ok(Map { ptr: p.cast(), len })
+    }
+}
+
+impl Drop for Map {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len came from a successful mmap and are unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// One of the four rings: a power-of-two array of `T` plus shared
+/// producer/consumer indices, with locally cached copies.
+#[derive(Debug)]
+struct Ring<T> {
+    // Held for its Drop (unmaps the ring); accessed through the pointers below.
+    _map: Map,
+    producer: *const AtomicU32,
+    consumer: *const AtomicU32,
+    flags: *const AtomicU32,
+    descs: *mut T,
+    mask: u32,
+    size: u32,
+    cached_prod: u32,
+    cached_cons: u32,
+}
+
+impl<T: Copy> Ring<T> {
+    fn new(fd: RawFd, off: &RingOffset, size: u32, pgoff: libc::off_t) -> Result<Self, NicError> {
+        let len = off.desc as usize + size as usize * std::mem::size_of::<T>();
+        let map = Map::ring(fd, len, pgoff)?;
+        let at = |o: u64| -> Result<*mut u8, NicError> {
+            if o as usize + 4 > map.len {
+                return Err(NicError::Malformed("XDP ring offset out of the mapping"));
+            }
+            // SAFETY: in bounds of the mapping (checked above).
+            Ok(unsafe { map.ptr.add(o as usize) })
+        };
+        let producer = at(off.producer)?.cast::<AtomicU32>();
+        let consumer = at(off.consumer)?.cast::<AtomicU32>();
+        let flags = at(off.flags)?.cast::<AtomicU32>();
+        let descs = at(off.desc)?.cast::<T>();
+        let mut r = Ring {
+            _map: map,
+            producer,
+            consumer,
+            flags,
+            descs,
+            mask: size - 1,
+            size,
+            cached_prod: 0,
+            cached_cons: 0,
+        };
+        r.cached_prod = r.prod().load(Ordering::Relaxed);
+        r.cached_cons = r.cons().load(Ordering::Relaxed);
+        Ok(r)
+    }
+
+    fn prod(&self) -> &AtomicU32 {
+        // SAFETY: points into our live mapping, 4-aligned (kernel offsets).
+        unsafe { &*self.producer }
+    }
+    fn cons(&self) -> &AtomicU32 {
+        // SAFETY: as above.
+        unsafe { &*self.consumer }
+    }
+    fn needs_wakeup(&self) -> bool {
+        // SAFETY: as above.
+        unsafe { &*self.flags }.load(Ordering::Relaxed) & XDP_RING_NEED_WAKEUP != 0
+    }
+    fn slot(&self, idx: u32) -> *mut T {
+        // SAFETY: idx & mask < size, and the mapping holds size entries after desc.
+        unsafe { self.descs.add((idx & self.mask) as usize) }
+    }
+
+    // --- producer side (fill, tx) ---
+    /// Free entries, refreshing the kernel's consumer index when fewer than `want`.
+    fn free(&mut self, want: u32) -> u32 {
+        let free = self.size - self.cached_prod.wrapping_sub(self.cached_cons);
+        if free >= want {
+            return free;
+        }
+        self.cached_cons = self.cons().load(Ordering::Acquire);
+        self.size - self.cached_prod.wrapping_sub(self.cached_cons)
+    }
+    fn push(&mut self, v: T) -> bool {
+        if self.free(1) == 0 {
+            return false;
+        }
+        // SAFETY: the slot is owned by user space until the producer index
+        // is published (free() > 0).
+        unsafe { self.slot(self.cached_prod).write(v) };
+        self.cached_prod = self.cached_prod.wrapping_add(1);
+        true
+    }
+    fn publish(&mut self) {
+        self.prod().store(self.cached_prod, Ordering::Release);
+    }
+    /// Entries the kernel has not consumed yet (producer rings).
+    fn pending(&self) -> u32 {
+        self.cached_prod
+            .wrapping_sub(self.cons().load(Ordering::Acquire))
+    }
+
+    // --- consumer side (rx, completion) ---
+    fn available(&mut self) -> u32 {
+        let avail = self.cached_prod.wrapping_sub(self.cached_cons);
+        if avail > 0 {
+            return avail;
+        }
+        self.cached_prod = self.prod().load(Ordering::Acquire);
+        self.cached_prod.wrapping_sub(self.cached_cons)
+    }
+    fn pop(&mut self) -> Option<T> {
+        if self.available() == 0 {
+            return None;
+        }
+        // SAFETY: the kernel published this entry (acquire on producer).
+        let v = unsafe { self.slot(self.cached_cons).read() };
+        self.cached_cons = self.cached_cons.wrapping_add(1);
+        Some(v)
+    }
+    fn release(&mut self) {
+        self.cons().store(self.cached_cons, Ordering::Release);
+    }
+}
+
+/// One AF_XDP socket bound to one queue, with its own UMEM.
+#[derive(Debug)]
+struct Xsk {
+    fd: OwnedFd,
+    umem: Map,
+    fill: Ring<u64>,
+    comp: Ring<u64>,
+    rx: Ring<XdpDesc>,
+    tx: Ring<XdpDesc>,
+    rx_chunks: usize,
+    tx_free: Vec<u32>,
+    // A multi-descriptor RX frame being put together.
+    partial: Vec<u8>,
+    in_frame: bool,
+    zero_copy: bool,
+}
+
+impl Xsk {
+    fn open(ifindex: u32, queue: u32, cfg: &AfXdpConfig) -> Result<Self, NicError> {
+        // SAFETY: plain syscall.
+        let fd = unsafe { libc::socket(AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        let fd = sys::owned(fd, "socket(AF_XDP)").map_err(|e| match e {
+            NicError::Sys { source, .. } if source.raw_os_error() == Some(libc::EPERM) => {
+                NicError::NeedsPrivilege("AF_XDP")
+            }
+            e => e,
+        })?;
+        let raw = fd.as_raw_fd();
+        let rx_chunks = cfg.rx_chunks;
+        let total = rx_chunks + cfg.tx_slots * TX_SLOT_CHUNKS;
+        let umem = Map::anon(total * CHUNK)?;
+        let reg = UmemReg {
+            addr: umem.ptr as u64,
+            len: umem.len as u64,
+            chunk_size: CHUNK as u32,
+            headroom: 0,
+            flags: 0,
+            tx_metadata_len: 0,
+        };
+        sys::setsockopt(raw, SOL_XDP, XDP_UMEM_REG, &reg, "XDP_UMEM_REG")?;
+        let (rxn, txn) = (rx_chunks as u32, cfg.tx_slots as u32);
+        sys::setsockopt(raw, SOL_XDP, XDP_UMEM_FILL_RING, &rxn, "XDP_UMEM_FILL_RING")?;
+        // A TX slot may use 3 descriptors: size TX/completion for that.
+        let txd = (txn * TX_SLOT_CHUNKS as u32).next_power_of_two();
+        sys::setsockopt(
+            raw,
+            SOL_XDP,
+            XDP_UMEM_COMPLETION_RING,
+            &txd,
+            "XDP_UMEM_COMPLETION_RING",
+        )?;
+        sys::setsockopt(raw, SOL_XDP, XDP_RX_RING, &rxn, "XDP_RX_RING")?;
+        sys::setsockopt(raw, SOL_XDP, XDP_TX_RING, &txd, "XDP_TX_RING")?;
+        let off: MmapOffsets = sys::getsockopt(raw, SOL_XDP, XDP_MMAP_OFFSETS, "XDP_MMAP_OFFSETS")?;
+        let fill = Ring::new(raw, &off.fr, rxn, XDP_UMEM_PGOFF_FILL_RING)?;
+        let comp = Ring::new(raw, &off.cr, txd, XDP_UMEM_PGOFF_COMPLETION_RING)?;
+        let rx = Ring::new(raw, &off.rx, rxn, XDP_PGOFF_RX_RING)?;
+        let tx = Ring::new(raw, &off.tx, txd, XDP_PGOFF_TX_RING)?;
+
+        let bind = |flags: u16| -> Result<(), NicError> {
+            let mut sa = [0u8; 16]; // struct sockaddr_xdp
+            sa[0..2].copy_from_slice(&(AF_XDP as u16).to_ne_bytes());
+            sa[2..4].copy_from_slice(&flags.to_ne_bytes());
+            sa[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+            sa[8..12].copy_from_slice(&queue.to_ne_bytes());
+            // SAFETY: sa is a complete sockaddr_xdp.
+            let r = unsafe { libc::bind(raw, sa.as_ptr().cast(), 16) };
+            sys::cvt(r, &format!("bind AF_XDP queue {queue} flags {flags:#x}")).map(|_| ())
+        };
+        let mut zero_copy = false;
+        let mut bound = false;
+        if cfg.try_zero_copy {
+            match bind(XDP_ZEROCOPY | XDP_USE_NEED_WAKEUP | XDP_USE_SG) {
+                Ok(()) => {
+                    zero_copy = true;
+                    bound = true;
+                }
+                Err(e) => tracing::debug!("zero-copy bind refused ({e}); using copy mode"),
+            }
+        }
+        if !bound {
+            bind(XDP_COPY | XDP_USE_NEED_WAKEUP | XDP_USE_SG)?;
+        }
+        let mut x = Xsk {
+            fd,
+            umem,
+            fill,
+            comp,
+            rx,
+            tx,
+            rx_chunks,
+            tx_free: (0..txn).rev().collect(),
+            partial: Vec::new(),
+            in_frame: false,
+            zero_copy,
+        };
+        for i in 0..rx_chunks {
+            x.fill.push((i * CHUNK) as u64);
+        }
+        x.fill.publish();
+        Ok(x)
+    }
+
+    fn tx_slot_addr(&self, slot: u32) -> usize {
+        (self.rx_chunks + slot as usize * TX_SLOT_CHUNKS) * CHUNK
+    }
+
+    fn umem_slice(&self, addr: usize, len: usize) -> Option<&[u8]> {
+        if addr.checked_add(len)? > self.umem.len {
+            return None;
+        }
+        // SAFETY: in bounds; the chunk is ours while its descriptor is held.
+        Some(unsafe { std::slice::from_raw_parts(self.umem.ptr.add(addr), len) })
+    }
+
+    fn umem_slice_mut(&mut self, addr: usize, len: usize) -> Option<&mut [u8]> {
+        if addr.checked_add(len)? > self.umem.len {
+            return None;
+        }
+        // SAFETY: in bounds; free TX slots are not in any kernel ring.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.umem.ptr.add(addr), len) })
+    }
+
+    fn kick_tx(&self) -> bool {
+        // SAFETY: zero-length sendto on our own socket: asks the kernel to
+        // process the TX ring.
+        let r = unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                std::ptr::null(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null(),
+                0,
+            )
+        };
+        r >= 0
+            || matches!(
+                std::io::Error::last_os_error().raw_os_error(),
+                Some(libc::EAGAIN) | Some(libc::EBUSY) | Some(libc::ENOBUFS)
+            )
+    }
+
+    /// Takes finished TX slots back from the completion ring.
+    fn reclaim(&mut self) {
+        let mut any = false;
+        while let Some(addr) = self.comp.pop() {
+            any = true;
+            let base = self.rx_chunks * CHUNK;
+            let a = addr as usize;
+            // One completion per descriptor; the slot frees with its first.
+            if a >= base && (a - base).is_multiple_of(TX_SLOT_CHUNKS * CHUNK) {
+                self.tx_free
+                    .push(((a - base) / (TX_SLOT_CHUNKS * CHUNK)) as u32);
+            }
+        }
+        if any {
+            self.comp.release();
+        }
+    }
+
+    fn stats(&self) -> XdpStatistics {
+        sys::getsockopt(
+            self.fd.as_raw_fd(),
+            SOL_XDP,
+            XDP_STATISTICS,
+            "XDP_STATISTICS",
+        )
+        .unwrap_or_default()
+    }
+}
+
+/// The AF_XDP backend: one socket per RX queue, the program attached.
+#[derive(Debug)]
+pub struct AfXdpIo {
+    xsks: Vec<Xsk>,
+    // Fields drop in declaration order: the sockets first (the kernel takes
+    // them out of the map), then the link (detaches the program), program, map.
+    _link: OwnedFd,
+    _prog: OwnedFd,
+    _map: OwnedFd,
+    epoll: Option<OwnedFd>,
+    mac: [u8; 6],
+    max_frame_len: usize,
+    mode: &'static str,
+    next_rx: usize,
+    stats: Stats,
+    busy_poll: bool,
+}
+
+// SAFETY: the raw pointers in the rings and UMEM point into mappings owned by
+// this struct only; the kernel side is synchronised via the ring indices.
+unsafe impl Send for AfXdpIo {}
+
+/// RX queue count of an interface (ETHTOOL_GCHANNELS; 1 if not reported).
+fn queue_count(name: &str) -> u32 {
+    // SAFETY: plain syscall.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    let Ok(fd) = sys::owned(fd, "socket") else {
+        return 1;
+    };
+    let mut ch = [0u32; 9]; // struct ethtool_channels
+    ch[0] = ETHTOOL_GCHANNELS;
+    // SAFETY: ifreq is plain old data; all-zero is valid.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in ifr.ifr_name.iter_mut().zip(name.as_bytes().iter().take(15)) {
+        *d = *s as libc::c_char;
+    }
+    ifr.ifr_ifru.ifru_data = ch.as_mut_ptr().cast();
+    // SAFETY: SIOCETHTOOL reads the command from ch and fills it in place.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCETHTOOL, &mut ifr) };
+    if r < 0 {
+        return 1;
+    }
+    // rx_count (index 5) or combined_count (index 8), whichever the driver uses.
+    ch[5].max(ch[8]).max(1)
+}
+
+impl AfXdpIo {
+    /// Attaches the program and opens one socket per queue of `cfg.ifname`.
+    pub fn open(cfg: AfXdpConfig) -> Result<Self, NicError> {
+        if !cfg.rx_chunks.is_power_of_two() || !cfg.tx_slots.is_power_of_two() {
+            return Err(NicError::Config(format!("afxdp {cfg:?}")));
+        }
+        let ifindex = sys::if_index(&cfg.ifname)?;
+        let probe = sys::owned(
+            // SAFETY: plain syscall.
+            unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) },
+            "socket",
+        )?;
+        let mac = sys::if_mac(probe.as_raw_fd(), &cfg.ifname)?;
+        let mtu = sys::if_mtu(probe.as_raw_fd(), &cfg.ifname)?;
+        let queues = queue_count(&cfg.ifname);
+        let map = bpf::create_xskmap(queues)?;
+        let code = bpf::redirect_program(map.as_raw_fd(), cfg.port)?;
+        let mut xsks = Vec::new();
+        for q in 0..queues {
+            xsks.push(Xsk::open(ifindex, q, &cfg)?);
+        }
+        for (q, x) in xsks.iter().enumerate() {
+            bpf::xskmap_set(&map, q as u32, x.fd.as_raw_fd())?;
+        }
+        let attempts: &[(u32, &'static str)] = match cfg.mode {
+            XdpMode::Auto => &[
+                (bpf::XDP_FLAGS_DRV_MODE, "drv"),
+                (bpf::XDP_FLAGS_SKB_MODE, "skb"),
+            ],
+            XdpMode::Driver => &[(bpf::XDP_FLAGS_DRV_MODE, "drv")],
+            XdpMode::Skb => &[(bpf::XDP_FLAGS_SKB_MODE, "skb")],
+        };
+        let mut last = None;
+        let mut attached = None;
+        for (flags, name) in attempts {
+            // Frags-aware program: native mode on veth at MTU 9000 needs it.
+            let prog = match bpf::load_xdp(&code, bpf::BPF_F_XDP_HAS_FRAGS) {
+                Ok(p) => p,
+                Err(_) => bpf::load_xdp(&code, 0)?,
+            };
+            match bpf::attach_xdp(&prog, ifindex, *flags) {
+                Ok(link) => {
+                    attached = Some((link, prog, *name));
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!("XDP {name} attach failed: {e}");
+                    last = Some(e);
+                }
+            }
+        }
+        let Some((link, prog, mode)) = attached else {
+            return Err(last.unwrap_or(NicError::Unsupported("XDP attach".into())));
+        };
+        let epoll = if xsks.len() > 1 {
+            // SAFETY: plain syscall.
+            let ep = sys::owned(
+                unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) },
+                "epoll_create1",
+            )?;
+            for x in &xsks {
+                let mut ev = libc::epoll_event {
+                    events: libc::EPOLLIN as u32,
+                    u64: x.fd.as_raw_fd() as u64,
+                };
+                // SAFETY: both fds open; ev valid.
+                let r = unsafe {
+                    libc::epoll_ctl(
+                        ep.as_raw_fd(),
+                        libc::EPOLL_CTL_ADD,
+                        x.fd.as_raw_fd(),
+                        &mut ev,
+                    )
+                };
+                sys::cvt(r, "epoll_ctl")?;
+            }
+            Some(ep)
+        } else {
+            None
+        };
+        tracing::info!(
+            "AF_XDP on {} ({} mode, {} queue(s), {})",
+            cfg.ifname,
+            mode,
+            xsks.len(),
+            if xsks.iter().all(|x| x.zero_copy) {
+                "zero-copy"
+            } else {
+                "copy"
+            }
+        );
+        Ok(AfXdpIo {
+            xsks,
+            _link: link,
+            _prog: prog,
+            _map: map,
+            epoll,
+            mac,
+            max_frame_len: (mtu + 18).min(TX_SLOT_CHUNKS * CHUNK),
+            mode,
+            next_rx: 0,
+            stats: Stats::default(),
+            busy_poll: false,
+        })
+    }
+
+    /// `"drv"` or `"skb"`: the XDP mode actually attached.
+    pub fn xdp_mode(&self) -> &'static str {
+        self.mode
+    }
+
+    /// Whether every socket got a zero-copy bind.
+    pub fn zero_copy(&self) -> bool {
+        self.xsks.iter().all(|x| x.zero_copy)
+    }
+
+    /// Number of queues (sockets).
+    pub fn queues(&self) -> usize {
+        self.xsks.len()
+    }
+}
+
+impl PacketIo for AfXdpIo {
+    fn kind(&self) -> &'static str {
+        "afxdp"
+    }
+
+    fn max_frame_len(&self) -> usize {
+        self.max_frame_len
+    }
+
+    fn mac(&self) -> [u8; 6] {
+        self.mac
+    }
+
+    fn recv(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {
+        let mut n = 0;
+        let nq = self.xsks.len();
+        for k in 0..nq {
+            if n >= max {
+                break;
+            }
+            let q = (self.next_rx + k) % nq;
+            let Some(x) = self.xsks.get_mut(q) else {
+                continue;
+            };
+            let mut returned = 0;
+            while n < max {
+                let Some(d) = x.rx.pop() else { break };
+                let addr = d.addr as usize;
+                let contd = d.options & XDP_PKT_CONTD != 0;
+                match x.umem_slice(addr, d.len as usize) {
+                    Some(data) if !contd && !x.in_frame => {
+                        sink(data);
+                        self.stats.rx_frames += 1;
+                        self.stats.rx_bytes += data.len() as u64;
+                        n += 1;
+                    }
+                    Some(data) => {
+                        // Multi-buffer frame: gather the pieces (copy).
+                        let data = data.to_vec();
+                        if !x.in_frame {
+                            x.partial.clear();
+                        }
+                        x.partial.extend_from_slice(&data);
+                        x.in_frame = contd;
+                        if !contd {
+                            sink(&x.partial);
+                            self.stats.rx_frames += 1;
+                            self.stats.rx_bytes += x.partial.len() as u64;
+                            n += 1;
+                        }
+                    }
+                    None => self.stats.rx_dropped += 1,
+                }
+                // The chunk goes straight back to the fill ring.
+                x.fill.push((addr & !(CHUNK - 1)) as u64);
+                returned += 1;
+            }
+            if returned > 0 {
+                x.rx.release();
+                x.fill.publish();
+            }
+            if x.fill.needs_wakeup() || self.busy_poll {
+                // SAFETY: zero-length non-blocking recvfrom on our socket wakes the driver.
+                unsafe {
+                    libc::recvfrom(
+                        x.fd.as_raw_fd(),
+                        std::ptr::null_mut(),
+                        0,
+                        libc::MSG_DONTWAIT,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    )
+                };
+                self.stats.syscalls += 1;
+            }
+        }
+        self.next_rx = (self.next_rx + 1) % nq.max(1);
+        Ok(n)
+    }
+
+    fn transmit(&mut self, max: usize, fill: &mut TxFill<'_>) -> Result<usize, NicError> {
+        let max_len = self.max_frame_len;
+        let Some(x) = self.xsks.first_mut() else {
+            return Ok(0);
+        };
+        x.reclaim();
+        let mut n = 0;
+        let mut queued = 0;
+        while n < max {
+            if x.tx_free.is_empty() {
+                // Push what we have and wait briefly for completions.
+                if queued > 0 {
+                    x.tx.publish();
+                    x.kick_tx();
+                    self.stats.syscalls += 1;
+                    queued = 0;
+                }
+                x.reclaim();
+                if x.tx_free.is_empty() {
+                    self.stats.tx_ring_full += 1;
+                    break;
+                }
+            }
+            if x.tx.free(TX_SLOT_CHUNKS as u32) < TX_SLOT_CHUNKS as u32 {
+                self.stats.tx_ring_full += 1;
+                break;
+            }
+            let Some(slot) = x.tx_free.pop() else { break };
+            let base = x.tx_slot_addr(slot);
+            let Some(buf) = x.umem_slice_mut(base, max_len) else {
+                x.tx_free.push(slot);
+                break;
+            };
+            let Some(len) = fill(buf) else {
+                x.tx_free.push(slot);
+                break;
+            };
+            n += 1;
+            if len > max_len || len < 14 {
+                x.tx_free.push(slot);
+                self.stats.tx_dropped += 1;
+                continue;
+            }
+            // Split at chunk boundaries: aligned-mode descriptors may not cross one.
+            let mut off = 0;
+            while off < len {
+                let piece = (len - off).min(CHUNK);
+                let last = off + piece == len;
+                x.tx.push(XdpDesc {
+                    addr: (base + off) as u64,
+                    len: piece as u32,
+                    options: if last { 0 } else { XDP_PKT_CONTD },
+                });
+                off += piece;
+            }
+            self.stats.tx_frames += 1;
+            self.stats.tx_bytes += len as u64;
+            queued += 1;
+        }
+        x.tx.publish();
+        // Copy mode sends at most a few dozen descriptors per kick: kick
+        // until the kernel has taken everything (bounded).
+        let mut spins = 0;
+        while x.tx.pending() > 0 && spins < 10_000 {
+            if !x.kick_tx() {
+                break;
+            }
+            self.stats.syscalls += 1;
+            spins += 1;
+            x.reclaim();
+        }
+        x.reclaim();
+        Ok(n)
+    }
+
+    fn poll_fd(&self) -> RawFd {
+        match (&self.epoll, self.xsks.first()) {
+            (Some(ep), _) => ep.as_raw_fd(),
+            (None, Some(x)) => x.fd.as_raw_fd(),
+            (None, None) => -1,
+        }
+    }
+
+    fn set_busy_poll(&mut self, on: bool) -> Result<(), NicError> {
+        self.busy_poll = on;
+        Ok(())
+    }
+
+    fn stats(&self) -> Stats {
+        let mut s = self.stats;
+        for x in &self.xsks {
+            let k = x.stats();
+            s.rx_dropped += k.rx_dropped + k.rx_ring_full;
+            s.tx_dropped += k.tx_invalid_descs;
+        }
+        s
+    }
+}
+
+impl Drop for AfXdpIo {
+    fn drop(&mut self) {
+        // Give in-flight TX a moment to complete before the UMEM goes away
+        // (the kernel holds its own reference, so this is only for counters).
+        if let Some(x) = self.xsks.first_mut() {
+            let t0 = std::time::Instant::now();
+            while x.tx.pending() > 0 && t0.elapsed() < Duration::from_millis(50) {
+                x.kick_tx();
+                x.reclaim();
+            }
+        }
+    }
+}
