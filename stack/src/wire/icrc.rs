@@ -14,10 +14,12 @@
 
 use super::bth;
 
-/// Bytes of 0xFF that stand in for the InfiniBand LRH.
-const LRH_STANDIN: usize = 8;
 const UDP_LEN: usize = 8;
-const MAX_MASKED: usize = LRH_STANDIN + 40 + UDP_LEN + bth::HEADER_LEN;
+const MAX_MASKED: usize = 40 + UDP_LEN + bth::HEADER_LEN;
+/// CRC-32 of the 8 bytes of 0xFF that stand in for the InfiniBand LRH, so
+/// each packet starts from it instead of hashing them again (rxe does the
+/// same with its uncomplemented seed 0xDEBB20E3).
+const LRH_STANDIN_CRC: u32 = !0xdebb_20e3;
 
 /// ICRC length in bytes.
 pub const ICRC_LEN: usize = 4;
@@ -33,8 +35,8 @@ pub fn compute(l3: &[u8], ipv6: bool) -> Option<u32> {
     let masked_len = ip_len + UDP_LEN + bth::HEADER_LEN;
     let (head, rest) = (l3.get(..masked_len)?, l3.get(masked_len..)?);
 
-    let mut buf = [0xffu8; MAX_MASKED];
-    let masked = &mut buf[LRH_STANDIN..LRH_STANDIN + masked_len];
+    let mut buf = [0u8; MAX_MASKED];
+    let masked = &mut buf[..masked_len];
     masked.copy_from_slice(head);
     if ipv6 {
         // Version nibble stays; traffic class and flow label become ones.
@@ -50,8 +52,8 @@ pub fn compute(l3: &[u8], ipv6: bool) -> Option<u32> {
     masked[udp + 6..udp + 8].fill(0xff); // UDP checksum
     masked[udp + UDP_LEN + bth::ECN_BYTE] = 0xff; // FECN, BECN, reserved
 
-    let mut h = crc32fast::Hasher::new();
-    h.update(&buf[..LRH_STANDIN + masked_len]);
+    let mut h = crc32fast::Hasher::new_with_initial(LRH_STANDIN_CRC);
+    h.update(&buf[..masked_len]);
     h.update(rest);
     Some(h.finalize())
 }
@@ -130,6 +132,7 @@ c00112b700280000\
         let mut h = crc32fast::Hasher::new();
         h.update(&[0xff; 8]);
         assert_eq!(!h.finalize(), 0xdebb_20e3);
+        assert_eq!(h.finalize(), LRH_STANDIN_CRC);
     }
 
     #[test]

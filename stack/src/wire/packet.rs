@@ -480,6 +480,7 @@ impl<'a> ParsedPacket<'a> {
     }
 }
 
+#[inline]
 fn read_icrc(frame: &[u8], f: &Framing) -> Result<u32> {
     let b = frame
         .get(f.end - icrc::ICRC_LEN..f.end)
@@ -491,6 +492,7 @@ fn read_icrc(frame: &[u8], f: &Framing) -> Result<u32> {
     Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
+#[inline]
 fn compute_icrc(frame: &[u8], f: &Framing) -> Result<u32> {
     frame
         .get(f.l3..f.end - icrc::ICRC_LEN)
@@ -502,6 +504,7 @@ fn compute_icrc(frame: &[u8], f: &Framing) -> Result<u32> {
         })
 }
 
+#[inline(always)]
 fn parse_framing(frame: &[u8]) -> Result<Framing> {
     check_len(Layer::Ethernet, frame, ETH_LEN)?;
     let eth = EthernetFrame::new_unchecked(frame);
@@ -571,6 +574,7 @@ fn parse_framing(frame: &[u8]) -> Result<Framing> {
 
 /// Returns the header, the offset of the UDP header and the end of the IP
 /// packet, both relative to the IP header.
+#[inline]
 fn parse_ipv4(b: &[u8]) -> Result<(IpHeader, usize, usize)> {
     check_len(Layer::Ipv4, b, IPV4_LEN)?;
     let ip = Ipv4Packet::new_unchecked(b);
@@ -610,6 +614,7 @@ fn parse_ipv4(b: &[u8]) -> Result<(IpHeader, usize, usize)> {
     Ok((hdr, IPV4_LEN, total))
 }
 
+#[inline]
 fn parse_ipv6(b: &[u8]) -> Result<(IpHeader, usize, usize)> {
     check_len(Layer::Ipv6, b, IPV6_LEN)?;
     let ip = Ipv6Packet::new_unchecked(b);
@@ -651,6 +656,7 @@ fn ext_layer(ext: Ext) -> Layer {
     }
 }
 
+#[inline(always)]
 fn parse_transport(frame: &[u8], f: Framing, icrc_rx: u32) -> Result<ParsedPacket<'_>> {
     // Everything between the BTH and the ICRC; framing guaranteed the range.
     let body = &frame[f.bth..f.end - icrc::ICRC_LEN];
