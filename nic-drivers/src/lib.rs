@@ -269,3 +269,10 @@ pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
 }
+
+/// Waits until `fd` polls readable or `timeout` passes (`None` = forever), for
+/// engines that sleep on a backend's [`PacketIo::poll_fd`] without holding the
+/// backend itself (it may be locked by another thread meanwhile).
+pub fn wait_readable(fd: RawFd, timeout: Option<Duration>) -> Result<bool, NicError> {
+    sys::poll_readable(fd, timeout)
+}
