@@ -81,14 +81,14 @@ pub struct AfXdpConfig {
 }
 
 impl AfXdpConfig {
-    /// Defaults: auto mode, zero-copy attempt, 2048 RX chunks, 512 TX slots.
+    /// Defaults: auto mode, zero-copy attempt, 4096 RX chunks, 512 TX slots.
     pub fn new(ifname: &str) -> Self {
         AfXdpConfig {
             ifname: ifname.to_string(),
             port: ROCE_V2_PORT,
             mode: XdpMode::Auto,
             try_zero_copy: true,
-            rx_chunks: 2048,
+            rx_chunks: 4096,
             tx_slots: 512,
         }
     }
