@@ -325,6 +325,7 @@ struct Xsk {
     partial: Vec<u8>,
     in_frame: bool,
     zero_copy: bool,
+    rx_frames: u64,
 }
 
 impl Xsk {
@@ -405,6 +406,7 @@ impl Xsk {
             partial: Vec::new(),
             in_frame: false,
             zero_copy,
+            rx_frames: 0,
         };
         for i in 0..rx_chunks {
             x.fill.push((i * CHUNK) as u64);
@@ -648,6 +650,11 @@ impl AfXdpIo {
     pub fn queues(&self) -> usize {
         self.xsks.len()
     }
+
+    /// Frames received on each queue's socket.
+    pub fn rx_frames_per_queue(&self) -> Vec<u64> {
+        self.xsks.iter().map(|x| x.rx_frames).collect()
+    }
 }
 
 impl PacketIo for AfXdpIo {
@@ -675,6 +682,7 @@ impl PacketIo for AfXdpIo {
                 continue;
             };
             let mut returned = 0;
+            let mut counted = 0u64;
             while n < max {
                 let Some(d) = x.rx.pop() else { break };
                 let addr = d.addr as usize;
@@ -685,6 +693,7 @@ impl PacketIo for AfXdpIo {
                         self.stats.rx_frames += 1;
                         self.stats.rx_bytes += data.len() as u64;
                         n += 1;
+                        counted += 1;
                     }
                     Some(data) => {
                         // Multi-buffer frame: gather the pieces (copy).
@@ -696,6 +705,7 @@ impl PacketIo for AfXdpIo {
                         x.in_frame = contd;
                         if !contd {
                             sink(&x.partial);
+                            counted += 1;
                             self.stats.rx_frames += 1;
                             self.stats.rx_bytes += x.partial.len() as u64;
                             n += 1;
@@ -707,6 +717,7 @@ impl PacketIo for AfXdpIo {
                 x.fill.push((addr & !(CHUNK - 1)) as u64);
                 returned += 1;
             }
+            x.rx_frames += counted;
             if returned > 0 {
                 x.rx.release();
                 x.fill.publish();
