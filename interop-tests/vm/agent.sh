@@ -1,0 +1,71 @@
+#!/bin/sh
+# Control agent of the rxe VM, on a serial port of its own (no kernel messages there). Line
+# protocol, host → VM, one request per line, answered in order:
+#   S <id> <base64 script>   spawn the script in a new session; answer "@@F <id> SPAWNED"
+#   P <id> <ms>              wait up to <ms> for job <id>; answer "@@F <id> RUNNING", or
+#                            "@@F <id> OUT", base64 stdout, "@@F <id> ERR", base64 stderr,
+#                            "@@F <id> END <status>" and forget the job
+#   K <id> <signal>          signal the job's process group; answer "@@F <id> KILLED"
+#   X 0                      power off
+# Jobs write to files, never to this port, so their output cannot interleave with the protocol.
+tty="$1"
+status="$2"
+J=/run/ferroce-jobs
+mkdir -p "$J"
+stty -F "$tty" raw -echo 2>/dev/null
+exec <"$tty" >"$tty" 2>/dev/console
+say() { printf '@@F %s\n' "$*"; }
+say "- READY $status"
+while IFS= read -r line; do
+    set -- $line
+    op="$1" id="$2" arg="$3"
+    case "$id" in *[!0-9]*|"") say "- BAD $op"; continue ;; esac
+    case "$op" in
+    S)
+        printf '%s' "$arg" | base64 -d >"$J/$id.sh"
+        (
+            # Not a process-group leader, so setsid does not fork: the pid is the session id.
+            setsid sh -c '. /etc/ferroce-preamble; . "$0"' "$J/$id.sh" \
+                </dev/null >"$J/$id.out" 2>"$J/$id.err" &
+            echo $! >"$J/$id.pid"
+            wait $!
+            echo $? >"$J/$id.rc.tmp"
+            mv "$J/$id.rc.tmp" "$J/$id.rc"
+        ) &
+        say "$id SPAWNED"
+        ;;
+    P)
+        n=$((arg / 20))
+        while [ ! -e "$J/$id.rc" ] && [ "$n" -gt 0 ]; do
+            usleep 20000
+            n=$((n - 1))
+        done
+        if [ -e "$J/$id.rc" ]; then
+            say "$id OUT"
+            base64 <"$J/$id.out"
+            say "$id ERR"
+            base64 <"$J/$id.err"
+            say "$id END $(cat "$J/$id.rc")"
+            rm -f "$J/$id".*
+        elif [ -e "$J/$id.sh" ]; then
+            say "$id RUNNING"
+        else
+            say "$id UNKNOWN"
+        fi
+        ;;
+    K)
+        n=0
+        while [ ! -e "$J/$id.pid" ] && [ "$n" -lt 50 ]; do usleep 20000; n=$((n + 1)); done
+        [ -e "$J/$id.pid" ] && kill -s "$arg" "-$(cat "$J/$id.pid")" 2>/dev/null
+        say "$id KILLED"
+        ;;
+    X)
+        say "- POWEROFF"
+        sync
+        poweroff -f
+        ;;
+    *)
+        say "- BAD $op"
+        ;;
+    esac
+done
