@@ -155,5 +155,5 @@ fn program_detached_when_process_is_killed() {
     let io = t
         .run_in(1, || AfXdpIo::open(AfXdpConfig::new("veth0")))
         .unwrap();
-    assert!(io.is_ok());
+    assert!(io.is_ok(), "{:?}", io.err());
 }

@@ -392,7 +392,21 @@ impl Xsk {
             }
         }
         if !bound {
-            bind(XDP_COPY | XDP_USE_NEED_WAKEUP | XDP_USE_SG)?;
+            // EBUSY: a socket of a process that just died may still hold the
+            // queue while the kernel tears it down (deferred); wait for it.
+            let t0 = std::time::Instant::now();
+            loop {
+                match bind(XDP_COPY | XDP_USE_NEED_WAKEUP | XDP_USE_SG) {
+                    Ok(()) => break,
+                    Err(NicError::Sys { source, .. })
+                        if source.raw_os_error() == Some(libc::EBUSY)
+                            && t0.elapsed() < Duration::from_secs(3) =>
+                    {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
         }
         let mut x = Xsk {
             fd,
