@@ -38,6 +38,10 @@ pub struct TopologyConfig {
     pub netem: Option<String>,
     /// Namespace name tag (`frc-<pid>-<tag>`); default: a per-process counter.
     pub tag: Option<String>,
+    /// A fixed name instead (`frc-<name>`), for topologies that outlive the
+    /// process (`ferroce netns up`); crash clean-up leaves these alone and
+    /// [`down`] removes them.
+    pub name: Option<String>,
 }
 
 impl Default for TopologyConfig {
@@ -49,6 +53,7 @@ impl Default for TopologyConfig {
             static_neighbours: true,
             netem: None,
             tag: None,
+            name: None,
         }
     }
 }
@@ -176,7 +181,10 @@ impl Topology {
             .tag
             .clone()
             .unwrap_or_else(|| NEXT.fetch_add(1, Ordering::Relaxed).to_string());
-        let name = format!("{PREFIX}{}-{tag}", std::process::id());
+        let name = match &cfg.name {
+            Some(n) => format!("{PREFIX}{n}"),
+            None => format!("{PREFIX}{}-{tag}", std::process::id()),
+        };
         let hosts: Vec<Host> = (0..cfg.hosts)
             .map(|i| Host {
                 ns: format!("{name}-h{i}"),
@@ -290,6 +298,13 @@ impl Topology {
         Ok(topo)
     }
 
+    /// Keeps the namespaces after this value is dropped (for `ferroce netns
+    /// up`); returns the hosts. [`down`] removes them later.
+    pub fn persist(mut self) -> Vec<Host> {
+        self.bridge_ns = None;
+        std::mem::take(&mut self.hosts)
+    }
+
     /// The topology's name (prefix of its namespaces).
     pub fn name(&self) -> &str {
         &self.name
@@ -361,5 +376,42 @@ impl Drop for Topology {
         if let Some(br) = &self.bridge_ns {
             let _ = ip(&["netns", "del", br]);
         }
+    }
+}
+
+/// `ferroce netns up [HOSTS] [NAME]` / `ferroce netns down`: the command-line
+/// entry the `ferroce` binary forwards to. Returns what to print.
+pub fn cli(args: &[String]) -> Result<String, NicError> {
+    match args.first().map(String::as_str) {
+        Some("up") => {
+            let hosts = match args.get(1) {
+                Some(h) => h
+                    .parse()
+                    .map_err(|_| NicError::Config(format!("hosts: {h:?} is not a number")))?,
+                None => 2,
+            };
+            let name = args.get(2).cloned().unwrap_or_else(|| "up".to_string());
+            let t = Topology::up(&TopologyConfig {
+                hosts,
+                name: Some(name),
+                ..TopologyConfig::default()
+            })?;
+            let mut out = String::new();
+            for h in t.persist() {
+                out.push_str(&format!(
+                    "{}\t{}\t{}\t{}\t{}\n",
+                    h.ns,
+                    h.ifname,
+                    h.ipv4,
+                    h.ipv6,
+                    mac_str(&h.mac)
+                ));
+            }
+            Ok(out)
+        }
+        Some("down") => Ok(down(None)?.join("\n")),
+        _ => Err(NicError::Config(
+            "usage: netns up [HOSTS] [NAME] | netns down".into(),
+        )),
     }
 }

@@ -110,3 +110,24 @@ fn neighbour_resolution_with_and_without_static_entries() {
         }
     }
 }
+
+#[test]
+fn cli_up_persists_and_down_removes() {
+    if skip() {
+        return;
+    }
+    let name = format!("cli{}", std::process::id());
+    let out = netns::cli(&["up".into(), "3".into(), name.clone()]).unwrap();
+    assert_eq!(out.lines().count(), 3, "{out}");
+    let ns = format!("frc-{name}-h0");
+    assert!(
+        netns::list_namespaces().unwrap().contains(&ns),
+        "still there after the Topology dropped"
+    );
+    let gone = netns::down(Some(&format!("frc-{name}"))).unwrap();
+    assert_eq!(gone.len(), 4, "3 hosts + bridge: {gone:?}");
+    assert!(!netns::list_namespaces()
+        .unwrap()
+        .iter()
+        .any(|n| n.contains(&name)));
+}
