@@ -9,4 +9,28 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod context;
+pub mod cq;
 pub mod decode;
+pub mod device;
+pub mod engine;
+pub mod error;
+pub mod mr;
+pub mod pd;
+pub mod qp;
+pub mod srq;
+
+pub use context::{Context, DeviceAttr, DeviceStats, OpenOptions, PortAttr};
+pub use cq::CompletionQueue;
+pub use device::{Backend, DeviceConfig};
+pub use engine::EngineMode;
+pub use error::{Error, Result};
+/// The work-request, completion and attribute types come straight from the core.
+pub use ferroce_stack::transport::{
+    AccessFlags, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr,
+    Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,
+};
+pub use mr::MemoryRegion;
+pub use pd::ProtectionDomain;
+pub use qp::{ConnectOptions, QpBuilder, QueuePair, RemoteQp};
+pub use srq::SharedReceiveQueue;

@@ -1,0 +1,309 @@
+//! A device context (ibv_context): one opened device with its engine, its GID
+//! table and its attributes.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ferroce_nic::PacketIo;
+use ferroce_stack::transport::{Config, Core, Path};
+
+use crate::device::{self, DeviceConfig, Interface};
+use crate::engine::{Engine, EngineMode, Inner};
+use crate::error::{Error, Result};
+use crate::pd::ProtectionDomain;
+
+/// Device attributes (the fields of ibv_device_attr ferroce fills in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceAttr {
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr_size: u64,
+    pub max_pd: u32,
+    pub max_qp_rd_atom: u8,
+    pub max_qp_init_rd_atom: u8,
+    pub max_srq: u32,
+    pub max_inline_data: u32,
+    pub max_msg_size: u64,
+}
+
+/// Port attributes (ibv_port_attr, RoCE: link layer Ethernet, always port 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortAttr {
+    /// IB path MTU in bytes the link allows (rxe: largest ≤ Ethernet MTU − 80).
+    pub active_mtu: u32,
+    pub max_mtu: u32,
+    /// Ethernet MTU of the interface.
+    pub eth_mtu: u32,
+    pub gid_tbl_len: u32,
+    pub active: bool,
+}
+
+/// What the engine has counted (frames, retransmissions, drops by reason).
+#[derive(Debug, Clone)]
+pub struct DeviceStats {
+    pub core: ferroce_stack::transport::Stats,
+    pub io: ferroce_nic::Stats,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub engine: Arc<Engine>,
+    pub name: String,
+    pub backend: &'static str,
+    pub mac: [u8; 6],
+    pub eth_mtu: u32,
+    pub gids: Vec<Ipv6Addr>,
+    pub ifname: Option<String>,
+    pub attr: DeviceAttr,
+    next_iova: AtomicU64,
+    thread: std::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.engine.stop.store(true, Ordering::Release);
+        let t = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = t {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Shared {
+    /// A fresh, page-aligned I/O virtual address range for a new memory region.
+    pub fn alloc_iova(&self, len: u64) -> u64 {
+        let span = len.div_ceil(4096).max(1) * 4096 + 4096;
+        self.next_iova.fetch_add(span, Ordering::Relaxed)
+    }
+
+    /// Surface an engine failure as an error.
+    pub fn check_engine(&self) -> Result<()> {
+        match self.engine.failed() {
+            Some(why) => Err(Error::EngineStopped(why)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// An open device. Cheap to clone; the engine stops when the last clone and
+/// every object made from it are dropped.
+#[derive(Debug, Clone)]
+pub struct Context {
+    pub(crate) shared: Arc<Shared>,
+}
+
+/// Settings for [`Context::open`] beyond the device itself.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenOptions {
+    pub mode: EngineMode,
+    pub core: Config,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            mode: EngineMode::Thread,
+            core: Config::default(),
+        }
+    }
+}
+
+impl Context {
+    /// Open a device on an interface of the calling thread's network namespace.
+    pub fn open(cfg: &DeviceConfig, opts: OpenOptions) -> Result<Context> {
+        let opened = device::open_io(cfg)?;
+        let gids = match opened.udp_local {
+            // A UDP socket's frames come from the one address it is bound to.
+            Some(SocketAddr::V4(a)) if !a.ip().is_unspecified() => {
+                vec![
+                    device::link_local_gid(opened.iface.mac),
+                    a.ip().to_ipv6_mapped(),
+                ]
+            }
+            Some(SocketAddr::V6(a)) if !a.ip().is_unspecified() => {
+                vec![device::link_local_gid(opened.iface.mac), *a.ip()]
+            }
+            _ => device::gid_table(&opened.iface),
+        };
+        let name = format!("ferroce_{}_{}", opened.backend.name(), opened.iface.name);
+        Self::build(
+            opened.io,
+            name,
+            opened.backend.name(),
+            Some(&opened.iface),
+            gids,
+            cfg.seed,
+            opts,
+        )
+    }
+
+    /// Open a device over any backend (the in-memory switch in tests, say),
+    /// with the GID table given.
+    pub fn with_io(
+        io: Box<dyn PacketIo>,
+        name: &str,
+        gids: Vec<Ipv6Addr>,
+        seed: u64,
+        opts: OpenOptions,
+    ) -> Result<Context> {
+        let kind = io.kind();
+        Self::build(io, name.to_string(), kind, None, gids, seed, opts)
+    }
+
+    fn build(
+        io: Box<dyn PacketIo>,
+        name: String,
+        backend: &'static str,
+        iface: Option<&Interface>,
+        gids: Vec<Ipv6Addr>,
+        seed: u64,
+        opts: OpenOptions,
+    ) -> Result<Context> {
+        let mac = io.mac();
+        let eth_mtu = match iface {
+            Some(i) => i.mtu,
+            None => (io.max_frame_len().saturating_sub(14)) as u32,
+        };
+        let c = opts.core;
+        let attr = DeviceAttr {
+            max_qp: c.max_qp,
+            max_qp_wr: c.max_qp_wr,
+            max_sge: c.max_sge,
+            max_cq: c.max_cq,
+            max_cqe: c.max_cqe,
+            max_mr_size: 1 << 40,
+            max_pd: 1 << 16,
+            max_qp_rd_atom: ferroce_stack::transport::qp::MAX_RD_ATOMIC,
+            max_qp_init_rd_atom: ferroce_stack::transport::qp::MAX_RD_ATOMIC,
+            max_srq: c.max_srq,
+            max_inline_data: c.max_inline_data,
+            max_msg_size: c.max_msg_size,
+        };
+        let engine = Arc::new(Engine::new(Inner::new(Core::new(c, seed), io), opts.mode));
+        let thread = match opts.mode {
+            EngineMode::Thread => {
+                let e = Arc::clone(&engine);
+                Some(
+                    std::thread::Builder::new()
+                        .name(format!("ferroce-engine-{backend}"))
+                        .spawn(move || e.run())
+                        .map_err(|e| Error::Io("spawning the engine thread", e))?,
+                )
+            }
+            EngineMode::Polling => None,
+        };
+        Ok(Context {
+            shared: Arc::new(Shared {
+                engine,
+                name,
+                backend,
+                mac,
+                eth_mtu,
+                gids,
+                ifname: iface.map(|i| i.name.clone()),
+                attr,
+                // Page-aligned, far from zero, like a user-space heap address.
+                next_iova: AtomicU64::new(0x5500_0000_0000 + (seed & 0xff_ffff) * 0x10_0000),
+                thread: std::sync::Mutex::new(thread),
+            }),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+    pub fn backend(&self) -> &'static str {
+        self.shared.backend
+    }
+    pub fn mac(&self) -> [u8; 6] {
+        self.shared.mac
+    }
+
+    pub fn query_device(&self) -> DeviceAttr {
+        self.shared.attr
+    }
+
+    pub fn query_port(&self) -> PortAttr {
+        let mtu = device::ib_mtu_for(self.shared.eth_mtu);
+        PortAttr {
+            active_mtu: mtu,
+            max_mtu: 4096,
+            eth_mtu: self.shared.eth_mtu,
+            gid_tbl_len: self.shared.gids.len() as u32,
+            active: true,
+        }
+    }
+
+    pub fn query_gid(&self, index: usize) -> Result<Ipv6Addr> {
+        self.shared.gids.get(index).copied().ok_or(Error::GidIndex {
+            index,
+            len: self.shared.gids.len(),
+        })
+    }
+
+    pub fn gids(&self) -> &[Ipv6Addr] {
+        &self.shared.gids
+    }
+
+    pub fn stats(&self) -> DeviceStats {
+        let inner = self.shared.engine.lock();
+        DeviceStats {
+            core: inner.core.stats().clone(),
+            io: inner.io.stats(),
+        }
+    }
+
+    pub fn alloc_pd(&self) -> ProtectionDomain {
+        let pd = self.shared.engine.lock().core.alloc_pd();
+        ProtectionDomain::new(Arc::clone(&self.shared), pd)
+    }
+
+    /// The path to `dgid` from the local GID `sgid_index` (ibv_ah_attr with
+    /// a GRH, resolved): MACs from the kernel's neighbour table on raw
+    /// backends, flooding on the in-memory switch.
+    pub fn resolve_path(&self, sgid_index: usize, dgid: Ipv6Addr) -> Result<Path> {
+        let sgid = self.query_gid(sgid_index)?;
+        let dst_ip: IpAddr = match dgid.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(dgid),
+        };
+        let dst_mac = match (self.shared.backend, &self.shared.ifname) {
+            ("afxdp" | "afpacket", Some(ifname)) => {
+                ferroce_nic::neigh::resolve(dst_ip, ifname, Duration::from_secs(3)).map_err(
+                    |e| Error::Unreachable {
+                        ip: dst_ip,
+                        reason: e.to_string(),
+                    },
+                )?
+            }
+            ("udp", _) => ferroce_nic::frame::mac_for_ip(dst_ip),
+            _ => [0xff; 6],
+        };
+        Ok(Path {
+            src_mac: self.shared.mac,
+            dst_mac,
+            sgid,
+            dgid,
+            ..Path::default()
+        })
+    }
+
+    /// Run one engine step from this thread (polling mode; harmless otherwise).
+    pub fn progress(&self) -> usize {
+        self.shared.engine.step_now()
+    }
+}
+
+/// The GID of an IP address as it appears in a GID table (IPv4 mapped).
+pub fn gid_of(ip: IpAddr) -> Ipv6Addr {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    }
+}

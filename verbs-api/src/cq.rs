@@ -1,0 +1,127 @@
+//! Completion queues (ibv_cq) and waiting on them.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferroce_stack::transport::{CqHandle, WorkCompletion};
+
+use crate::context::{Context, Shared};
+use crate::engine::EngineMode;
+use crate::error::{Error, Result};
+
+/// A completion queue of fixed depth; overflow is an async error event, as in ibverbs.
+#[derive(Debug)]
+pub struct CompletionQueue {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) handle: CqHandle,
+    depth: u32,
+}
+
+impl Context {
+    /// A completion queue with room for `depth` completions.
+    pub fn create_cq(&self, depth: u32) -> Result<CompletionQueue> {
+        let handle = self.shared.engine.lock().core.create_cq(depth)?;
+        Ok(CompletionQueue {
+            shared: Arc::clone(&self.shared),
+            handle,
+            depth,
+        })
+    }
+}
+
+impl CompletionQueue {
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// Append up to `max` completions to `out`, oldest first; returns how
+    /// many. In polling mode this also runs one engine step first.
+    pub fn poll(&self, max: usize, out: &mut Vec<WorkCompletion>) -> Result<usize> {
+        let engine = &self.shared.engine;
+        if engine.mode == EngineMode::Polling {
+            engine.step_now();
+        }
+        self.shared.check_engine()?;
+        let mut inner = engine.lock();
+        let mut n = 0;
+        while n < max {
+            match inner.core.poll_cq_one(self.handle) {
+                Some(wc) => out.push(wc),
+                None => break,
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Completions waiting.
+    pub fn len(&self) -> usize {
+        self.shared.engine.lock().core.cq_len(self.handle)
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Block until at least one completion is waiting or `timeout` passes
+    /// (the completion-channel wait of ibverbs, without the fd).
+    pub fn wait(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let engine = &self.shared.engine;
+        loop {
+            self.shared.check_engine()?;
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout(timeout, "a completion"));
+            }
+            match engine.mode {
+                EngineMode::Polling => {
+                    if engine.step_now() == 0 {
+                        if self.len() > 0 {
+                            return Ok(());
+                        }
+                        let idle = engine.lock().idle_timeout();
+                        engine.wait_io(idle.min(deadline - now).min(Duration::from_micros(200)));
+                    } else if self.len() > 0 {
+                        return Ok(());
+                    }
+                }
+                EngineMode::Thread => {
+                    let inner = engine.lock();
+                    if inner.core.cq_len(self.handle) > 0 {
+                        return Ok(());
+                    }
+                    let _unused = engine
+                        .progress
+                        .wait_timeout(inner, (deadline - now).min(Duration::from_millis(50)))
+                        .unwrap_or_else(|p| p.into_inner());
+                }
+            }
+        }
+    }
+
+    /// Wait for and return exactly `n` completions (a helper for tools and tests).
+    pub fn poll_n(&self, n: usize, timeout: Duration) -> Result<Vec<WorkCompletion>> {
+        let deadline = Instant::now() + timeout;
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let got = self.poll(n - out.len(), &mut out)?;
+            if out.len() >= n {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout(timeout, "completions"));
+            }
+            if got == 0 {
+                self.wait(left)?;
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for CompletionQueue {
+    fn drop(&mut self) {
+        let _ = self.shared.engine.lock().core.destroy_cq(self.handle);
+    }
+}

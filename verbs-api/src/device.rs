@@ -1,0 +1,358 @@
+//! Devices: an interface plus a packet backend, and the GID table built from
+//! the interface's addresses the way rxe builds its own.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::process::Command;
+
+use ferroce_nic::afpacket::{AfPacketConfig, AfPacketIo};
+use ferroce_nic::afxdp::{AfXdpConfig, AfXdpIo};
+use ferroce_nic::{PacketIo, UdpConfig, UdpIo};
+
+use crate::error::{Error, Result};
+
+/// Which packet engine carries the frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// AF_XDP with an XDP redirect program (root).
+    AfXdp,
+    /// AF_PACKET with TPACKET_V3 rings (root or CAP_NET_RAW).
+    AfPacket,
+    /// A kernel UDP socket on port 4791 (no privileges).
+    Udp,
+    /// The fastest that opens with the privileges at hand: AF_XDP, then AF_PACKET, then UDP.
+    Auto,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Backend, String> {
+        match s {
+            "afxdp" | "xdp" => Ok(Backend::AfXdp),
+            "afpacket" | "packet" => Ok(Backend::AfPacket),
+            "udp" => Ok(Backend::Udp),
+            "auto" => Ok(Backend::Auto),
+            other => Err(format!(
+                "unknown backend {other:?} (afxdp, afpacket, udp, auto)"
+            )),
+        }
+    }
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::AfXdp => "afxdp",
+            Backend::AfPacket => "afpacket",
+            Backend::Udp => "udp",
+            Backend::Auto => "auto",
+        }
+    }
+}
+
+/// One address of an interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IfAddr {
+    pub ip: IpAddr,
+    pub prefix: u8,
+}
+
+/// What ferroce knows of a network interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interface {
+    pub name: String,
+    pub mac: [u8; 6],
+    pub mtu: u32,
+    pub up: bool,
+    pub addrs: Vec<IfAddr>,
+}
+
+/// Read the interfaces of the current network namespace (`ip -o addr` /
+/// `ip -o link`, so no privileges are needed).
+pub fn interfaces() -> Result<Vec<Interface>> {
+    let links = run_ip(&["-o", "link", "show"])?;
+    let addrs = run_ip(&["-o", "addr", "show"])?;
+    let mut out = Vec::new();
+    for line in links.lines() {
+        // "2: veth0@if3: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 9000 ... link/ether 02:..:.. brd ..."
+        let mut words = line.split_whitespace();
+        let (Some(_), Some(name)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let name = name.trim_end_matches(':');
+        let name = name.split('@').next().unwrap_or(name).to_string();
+        let toks: Vec<&str> = line.split_whitespace().collect();
+        let after = |key: &str| {
+            toks.iter()
+                .position(|t| *t == key)
+                .and_then(|i| toks.get(i + 1))
+                .copied()
+        };
+        let mtu = after("mtu").and_then(|m| m.parse().ok()).unwrap_or(1500);
+        let mac = after("link/ether")
+            .and_then(ferroce_nic::neigh::parse_mac)
+            .unwrap_or([0; 6]);
+        let up = line
+            .split('<')
+            .nth(1)
+            .map(|f| {
+                f.split('>')
+                    .next()
+                    .unwrap_or("")
+                    .split(',')
+                    .any(|x| x == "UP")
+            })
+            .unwrap_or(false);
+        out.push(Interface {
+            name,
+            mac,
+            mtu,
+            up,
+            addrs: Vec::new(),
+        });
+    }
+    for line in addrs.lines() {
+        // "2: veth0    inet 198.18.0.1/24 brd ... scope global veth0"
+        let toks: Vec<&str> = line.split_whitespace().collect();
+        let (Some(name), Some(fam), Some(cidr)) = (toks.get(1), toks.get(2), toks.get(3)) else {
+            continue;
+        };
+        if *fam != "inet" && *fam != "inet6" {
+            continue;
+        }
+        let mut parts = cidr.split('/');
+        let (Some(ip), prefix) = (parts.next().and_then(|a| a.parse().ok()), parts.next()) else {
+            continue;
+        };
+        let prefix = prefix.and_then(|p| p.parse().ok()).unwrap_or(0);
+        if let Some(i) = out.iter_mut().find(|i| i.name == *name) {
+            i.addrs.push(IfAddr { ip, prefix });
+        }
+    }
+    Ok(out)
+}
+
+/// One interface by name.
+pub fn interface(name: &str) -> Result<Interface> {
+    interfaces()?
+        .into_iter()
+        .find(|i| i.name == name)
+        .ok_or_else(|| Error::NoDevice(format!("no interface named {name:?}")))
+}
+
+fn run_ip(args: &[&str]) -> Result<String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| Error::Io("running `ip` (iproute2)", e))?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The link-local GID rxe puts at index 0: fe80::/64 with the modified EUI-64 of the MAC.
+pub fn link_local_gid(mac: [u8; 6]) -> Ipv6Addr {
+    let m = mac;
+    Ipv6Addr::from([
+        0xfe,
+        0x80,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        m[0] ^ 0x02,
+        m[1],
+        m[2],
+        0xff,
+        0xfe,
+        m[3],
+        m[4],
+        m[5],
+    ])
+}
+
+/// The GID table of an interface as rxe builds it: index 0 the MAC-derived
+/// link-local GID, then every IPv4 address mapped (`::ffff:a.b.c.d`), then
+/// the other IPv6 addresses.
+pub fn gid_table(iface: &Interface) -> Vec<Ipv6Addr> {
+    let mut gids = vec![link_local_gid(iface.mac)];
+    for a in &iface.addrs {
+        if let IpAddr::V4(v4) = a.ip {
+            gids.push(v4.to_ipv6_mapped());
+        }
+    }
+    for a in &iface.addrs {
+        if let IpAddr::V6(v6) = a.ip {
+            if !gids.contains(&v6) {
+                gids.push(v6);
+            }
+        }
+    }
+    gids
+}
+
+/// How to open a device.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// The interface (in the calling thread's network namespace).
+    pub ifname: String,
+    pub backend: Backend,
+    /// UDP backend: the local address to bind (default: the interface's first
+    /// IPv4 address, port 4791).
+    pub udp_bind: Option<SocketAddr>,
+    /// Seed for the keys and PSNs the core draws.
+    pub seed: u64,
+}
+
+impl DeviceConfig {
+    pub fn new(ifname: &str, backend: Backend) -> DeviceConfig {
+        DeviceConfig {
+            ifname: ifname.to_string(),
+            backend,
+            udp_bind: None,
+            seed: seed_from_os(),
+        }
+    }
+}
+
+/// A seed from the OS clock and process id: the core itself never reads either.
+pub fn seed_from_os() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    t ^ (u64::from(std::process::id()) << 32) ^ 0x9e37_79b9_7f4a_7c15
+}
+
+/// An opened backend with the facts the device needs from it.
+pub(crate) struct OpenedIo {
+    pub io: Box<dyn PacketIo>,
+    pub backend: Backend,
+    pub iface: Interface,
+    /// For the UDP backend: the address frames leave from (its GIDs).
+    pub udp_local: Option<SocketAddr>,
+}
+
+pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
+    let iface = interface(&cfg.ifname)?;
+    let order: &[Backend] = match cfg.backend {
+        Backend::Auto => &[Backend::AfXdp, Backend::AfPacket, Backend::Udp],
+        Backend::AfXdp => &[Backend::AfXdp],
+        Backend::AfPacket => &[Backend::AfPacket],
+        Backend::Udp => &[Backend::Udp],
+    };
+    let mut errors = Vec::new();
+    for b in order {
+        let r: Result<(Box<dyn PacketIo>, Option<SocketAddr>)> = match b {
+            Backend::AfXdp => AfXdpIo::open(AfXdpConfig::new(&cfg.ifname))
+                .map(|io| (Box::new(io) as Box<dyn PacketIo>, None))
+                .map_err(Error::from),
+            Backend::AfPacket => AfPacketIo::open(AfPacketConfig::new(&cfg.ifname))
+                .map(|io| (Box::new(io) as Box<dyn PacketIo>, None))
+                .map_err(Error::from),
+            Backend::Udp => {
+                let bind = cfg.udp_bind.or_else(|| {
+                    iface
+                        .addrs
+                        .iter()
+                        .find(|a| a.ip.is_ipv4())
+                        .map(|a| SocketAddr::new(a.ip, ferroce_nic::ROCE_V2_PORT))
+                });
+                match bind {
+                    None => Err(Error::NoDevice(format!(
+                        "{} has no IPv4 address to bind the UDP backend to",
+                        cfg.ifname
+                    ))),
+                    Some(bind) => {
+                        let mut c = UdpConfig::new(bind);
+                        c.mac = iface.mac;
+                        UdpIo::bind(c)
+                            .map(|io| {
+                                let local = io.local_addr();
+                                (Box::new(io) as Box<dyn PacketIo>, Some(local))
+                            })
+                            .map_err(Error::from)
+                    }
+                }
+            }
+            Backend::Auto => continue,
+        };
+        match r {
+            Ok((io, udp_local)) => {
+                return Ok(OpenedIo {
+                    io,
+                    backend: *b,
+                    iface,
+                    udp_local,
+                })
+            }
+            Err(e) => errors.push(format!("{}: {e}", b.name())),
+        }
+    }
+    Err(Error::NoDevice(format!(
+        "{}: {}",
+        cfg.ifname,
+        errors.join("; ")
+    )))
+}
+
+/// The largest IB path MTU an Ethernet MTU allows (rxe: largest ≤ MTU − 80, so 1500 → 1024).
+pub fn ib_mtu_for(eth_mtu: u32) -> u32 {
+    let room = eth_mtu.saturating_sub(80);
+    [4096, 2048, 1024, 512, 256]
+        .into_iter()
+        .find(|m| *m <= room)
+        .unwrap_or(256)
+}
+
+/// An IPv4 GID's address, if it is IPv4-mapped.
+pub fn gid_ipv4(gid: Ipv6Addr) -> Option<Ipv4Addr> {
+    gid.to_ipv4_mapped()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtu_mapping_matches_rxe() {
+        assert_eq!(ib_mtu_for(1500), 1024);
+        assert_eq!(ib_mtu_for(9000), 4096);
+        assert_eq!(ib_mtu_for(4200), 4096);
+        assert_eq!(ib_mtu_for(4175), 2048);
+        assert_eq!(ib_mtu_for(576), 256);
+    }
+
+    #[test]
+    fn gid_table_order() {
+        let iface = Interface {
+            name: "veth0".into(),
+            mac: [0x02, 0x11, 0x22, 0x33, 0x44, 0x55],
+            mtu: 9000,
+            up: true,
+            addrs: vec![
+                IfAddr {
+                    ip: "fd00::1".parse().unwrap(),
+                    prefix: 64,
+                },
+                IfAddr {
+                    ip: "198.18.0.1".parse().unwrap(),
+                    prefix: 24,
+                },
+            ],
+        };
+        let g = gid_table(&iface);
+        assert_eq!(g[0], "fe80::11:22ff:fe33:4455".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(g[1], "::ffff:198.18.0.1".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(g[2], "fd00::1".parse::<Ipv6Addr>().unwrap());
+    }
+
+    #[test]
+    fn loopback_is_listed() {
+        let all = interfaces().unwrap();
+        let lo = all.iter().find(|i| i.name == "lo").unwrap();
+        assert!(lo
+            .addrs
+            .iter()
+            .any(|a| a.ip == IpAddr::from([127, 0, 0, 1])));
+    }
+}

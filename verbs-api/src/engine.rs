@@ -1,0 +1,204 @@
+//! The engine: joins one transport core and one packet backend.
+//!
+//! Each step moves a batch of received frames into the core, fires due
+//! timers, and lets the core write frames straight into the backend's TX
+//! slots (one copy from the memory region into the frame, none after). By
+//! default a thread per device runs the steps and sleeps on the backend's fd
+//! (and the core's next timeout) when idle; in polling mode the caller's
+//! thread runs them from `poll_cq` for the lowest latency.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ferroce_nic::PacketIo;
+use ferroce_stack::transport::{Core, Instant};
+
+/// Frames moved per backend call.
+const BATCH: usize = 64;
+/// Most frames one step receives or sends before giving others the lock.
+const STEP_LIMIT: usize = 1024;
+/// Longest idle sleep: bounds how late a timer armed by another thread
+/// (while this one sleeps) can fire.
+const MAX_IDLE_SLEEP: Duration = Duration::from_millis(20);
+
+/// Who drives the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineMode {
+    /// A thread per device; it sleeps when there is nothing to do.
+    Thread,
+    /// The caller's thread, from `poll_cq` / `wait`; spins, lowest latency.
+    Polling,
+}
+
+/// The state behind the device lock.
+pub(crate) struct Inner {
+    pub core: Core,
+    pub io: Box<dyn PacketIo>,
+    epoch: std::time::Instant,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("io", &self.io.kind())
+            .finish()
+    }
+}
+
+impl Inner {
+    pub fn new(core: Core, io: Box<dyn PacketIo>) -> Inner {
+        Inner {
+            core,
+            io,
+            epoch: std::time::Instant::now(),
+        }
+    }
+
+    /// The core's clock: nanoseconds since the device opened.
+    pub fn now(&self) -> Instant {
+        Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    /// Let the core fill TX slots until it has nothing more (or the ring is full).
+    pub fn flush_tx(&mut self, now: Instant) -> Result<usize, ferroce_nic::NicError> {
+        let mut sent = 0;
+        let core = &mut self.core;
+        while sent < STEP_LIMIT {
+            let n = self
+                .io
+                .transmit(BATCH, &mut |buf: &mut [u8]| core.poll_transmit(now, buf))?;
+            sent += n;
+            if n < BATCH {
+                break;
+            }
+        }
+        Ok(sent)
+    }
+
+    /// One step: receive, fire timers, transmit. Returns frames moved.
+    pub fn step(&mut self) -> Result<usize, ferroce_nic::NicError> {
+        let now = self.now();
+        let mut moved = 0;
+        let core = &mut self.core;
+        while moved < STEP_LIMIT {
+            let n = self
+                .io
+                .recv(BATCH, &mut |f: &[u8]| core.handle_frame(now, f))?;
+            moved += n;
+            if n < BATCH {
+                break;
+            }
+        }
+        if let Some(t) = self.core.poll_timeout() {
+            if t <= now {
+                self.core.handle_timeout(now);
+            }
+        }
+        Ok(moved + self.flush_tx(now)?)
+    }
+
+    /// How long the engine may sleep before the core needs it again.
+    pub fn idle_timeout(&mut self) -> Duration {
+        let now = self.now();
+        match self.core.poll_timeout() {
+            Some(t) => t.saturating_duration_since(now).min(MAX_IDLE_SLEEP),
+            None => MAX_IDLE_SLEEP,
+        }
+    }
+}
+
+/// What the device's handles share: the lock, a condition variable for
+/// completion waiters, and the engine thread's state.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    pub inner: Mutex<Inner>,
+    /// Notified after every step that moved frames (completions may be new).
+    pub progress: Condvar,
+    pub mode: EngineMode,
+    pub stop: AtomicBool,
+    pub failure: Mutex<Option<String>>,
+    poll_fd: std::os::fd::RawFd,
+}
+
+impl Engine {
+    pub fn new(inner: Inner, mode: EngineMode) -> Engine {
+        let poll_fd = inner.io.poll_fd();
+        Engine {
+            inner: Mutex::new(inner),
+            progress: Condvar::new(),
+            mode,
+            stop: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            poll_fd,
+        }
+    }
+
+    /// The lock. A panic elsewhere while holding it leaves the core as it was
+    /// at the panic; later calls go on with it rather than poison everything.
+    pub fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn failed(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn fail(&self, why: String) {
+        tracing::error!("engine stopped: {why}");
+        *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        self.stop.store(true, Ordering::Release);
+        self.progress.notify_all();
+    }
+
+    /// One step from a caller's thread (polling mode, or to hurry the thread).
+    pub fn step_now(&self) -> usize {
+        let r = self.lock().step();
+        match r {
+            Ok(n) => {
+                if n > 0 {
+                    self.progress.notify_all();
+                }
+                n
+            }
+            Err(e) => {
+                self.fail(e.to_string());
+                0
+            }
+        }
+    }
+
+    /// Sleep until the backend has frames or `timeout` passes.
+    pub fn wait_io(&self, timeout: Duration) {
+        if let Err(e) = ferroce_nic::wait_readable(self.poll_fd, Some(timeout)) {
+            self.fail(e.to_string());
+        }
+    }
+
+    /// The engine thread's loop.
+    pub fn run(self: Arc<Self>) {
+        while !self.stop.load(Ordering::Acquire) {
+            let (moved, idle) = {
+                let mut inner = self.lock();
+                match inner.step() {
+                    Ok(n) => (n, inner.idle_timeout()),
+                    Err(e) => {
+                        drop(inner);
+                        self.fail(e.to_string());
+                        return;
+                    }
+                }
+            };
+            if moved > 0 {
+                self.progress.notify_all();
+                continue;
+            }
+            if !idle.is_zero() {
+                self.wait_io(idle);
+            }
+        }
+    }
+}

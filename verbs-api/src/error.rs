@@ -1,0 +1,43 @@
+//! The verbs layer's error type: what went wrong, in which object, and why.
+
+use ferroce_nic::NicError;
+use ferroce_stack::transport::VerbsError;
+
+/// Errors of the verbs API.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The transport core refused the call (bad attribute, full queue, wrong state, ...).
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    /// The packet engine failed.
+    #[error("packet engine: {0}")]
+    Nic(#[from] NicError),
+    /// No backend could be opened on the interface.
+    #[error("no usable device: {0}")]
+    NoDevice(String),
+    /// `query_gid` / `modify` with a GID index the table does not have.
+    #[error("GID index {index} is out of range (the table has {len} entries)")]
+    GidIndex { index: usize, len: usize },
+    /// The peer's MAC address could not be found for a raw backend.
+    #[error("cannot reach {ip}: {reason}")]
+    Unreachable {
+        ip: std::net::IpAddr,
+        reason: String,
+    },
+    /// An access to a memory region outside its bounds.
+    #[error("{len} bytes at offset {offset} are outside the {size}-byte memory region")]
+    OutOfBounds { offset: u64, len: usize, size: u64 },
+    /// Waiting for a completion or an event took longer than allowed.
+    #[error("timed out after {0:?} waiting for {1}")]
+    Timeout(std::time::Duration, &'static str),
+    /// The engine thread stopped (it hit an I/O error; see the log).
+    #[error("the engine stopped: {0}")]
+    EngineStopped(String),
+    /// An I/O error outside the packet engine (files, commands).
+    #[error("{0}: {1}")]
+    Io(&'static str, std::io::Error),
+}
+
+/// The verbs layer's result type.
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,287 @@
+//! Queue pairs (ibv_qp): a builder for the create attributes, `modify` with
+//! ibverbs' attributes and mask, and posting.
+
+use std::net::Ipv6Addr;
+
+use ferroce_stack::transport::{
+    AccessFlags, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendWr,
+};
+
+use crate::cq::CompletionQueue;
+use crate::error::Result;
+use crate::pd::ProtectionDomain;
+use crate::srq::SharedReceiveQueue;
+
+/// Builds a queue pair (ibv_qp_init_attr).
+#[derive(Debug)]
+pub struct QpBuilder<'pd> {
+    pd: &'pd ProtectionDomain,
+    qp_type: QpType,
+    cap: QpCap,
+    sq_sig_all: bool,
+    srq: Option<ferroce_stack::transport::SrqHandle>,
+}
+
+impl<'pd> QpBuilder<'pd> {
+    pub(crate) fn new(pd: &'pd ProtectionDomain) -> Self {
+        QpBuilder {
+            pd,
+            qp_type: QpType::Rc,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+            srq: None,
+        }
+    }
+    pub fn qp_type(mut self, t: QpType) -> Self {
+        self.qp_type = t;
+        self
+    }
+    pub fn cap(mut self, cap: QpCap) -> Self {
+        self.cap = cap;
+        self
+    }
+    pub fn max_send_wr(mut self, n: u32) -> Self {
+        self.cap.max_send_wr = n;
+        self
+    }
+    pub fn max_recv_wr(mut self, n: u32) -> Self {
+        self.cap.max_recv_wr = n;
+        self
+    }
+    pub fn max_inline_data(mut self, n: u32) -> Self {
+        self.cap.max_inline_data = n;
+        self
+    }
+    pub fn sq_sig_all(mut self, on: bool) -> Self {
+        self.sq_sig_all = on;
+        self
+    }
+    pub fn srq(mut self, srq: &SharedReceiveQueue<'pd>) -> Self {
+        self.srq = Some(srq.handle);
+        self
+    }
+
+    /// Create the QP (state RESET) with its send and receive CQs.
+    pub fn build(
+        self,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+    ) -> Result<QueuePair<'pd>> {
+        let init = QpInitAttr {
+            qp_type: self.qp_type,
+            send_cq: send_cq.handle,
+            recv_cq: recv_cq.handle,
+            srq: self.srq,
+            cap: self.cap,
+            sq_sig_all: self.sq_sig_all,
+        };
+        let qpn = self
+            .pd
+            .shared
+            .engine
+            .lock()
+            .core
+            .create_qp(self.pd.handle, &init)?;
+        Ok(QueuePair {
+            pd: self.pd,
+            qpn,
+            qp_type: self.qp_type,
+        })
+    }
+}
+
+/// What the other side of a connection told us (over the out-of-band exchange).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteQp {
+    pub qpn: u32,
+    pub psn: u32,
+    pub gid: Ipv6Addr,
+}
+
+/// Connection settings for [`QueuePair::connect`], with ibv_rc_pingpong's defaults.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectOptions {
+    pub path_mtu: u32,
+    pub sgid_index: usize,
+    pub local_psn: u32,
+    pub access: AccessFlags,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub qkey: u32,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        // ibv_rc_pingpong: mtu 1024, timeout 14, retry_cnt 7, rnr_retry 7,
+        // min_rnr_timer 12, max_rd_atomic 1, max_dest_rd_atomic 1.
+        ConnectOptions {
+            path_mtu: 1024,
+            sgid_index: 0,
+            local_psn: 0,
+            access: AccessFlags(
+                AccessFlags::LOCAL_WRITE.0
+                    | AccessFlags::REMOTE_WRITE.0
+                    | AccessFlags::REMOTE_READ.0
+                    | AccessFlags::REMOTE_ATOMIC.0,
+            ),
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            qkey: 0x1111_1111,
+        }
+    }
+}
+
+/// A queue pair. Destroyed on drop.
+#[derive(Debug)]
+pub struct QueuePair<'pd> {
+    pd: &'pd ProtectionDomain,
+    qpn: u32,
+    qp_type: QpType,
+}
+
+impl<'pd> QueuePair<'pd> {
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    /// ibv_modify_qp: the attributes named in `mask` are applied; missing
+    /// required or out-of-range ones are refused with the attribute's name.
+    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        Ok(self
+            .pd
+            .shared
+            .engine
+            .lock()
+            .core
+            .modify_qp(self.qpn, attr, mask)?)
+    }
+
+    pub fn query(&self) -> Result<QpAttr> {
+        Ok(self.pd.shared.engine.lock().core.query_qp(self.qpn)?)
+    }
+
+    pub fn state(&self) -> Result<QpState> {
+        Ok(self.query()?.qp_state)
+    }
+
+    /// RESET → INIT with the port, P_Key index and access flags (and Q_Key for UD).
+    pub fn to_init(&self, opts: &ConnectOptions) -> Result<()> {
+        let attr = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: opts.access,
+            qkey: opts.qkey,
+            ..QpAttr::default()
+        };
+        let mask = match self.qp_type {
+            QpType::Ud => QpAttrMask::STATE
+                .union(QpAttrMask::PKEY_INDEX)
+                .union(QpAttrMask::PORT)
+                .union(QpAttrMask::QKEY),
+            _ => QpAttrMask::STATE
+                .union(QpAttrMask::PKEY_INDEX)
+                .union(QpAttrMask::PORT)
+                .union(QpAttrMask::ACCESS_FLAGS),
+        };
+        self.modify(&attr, mask)
+    }
+
+    /// INIT → RTR → RTS towards `remote`, as ibv_rc_pingpong's
+    /// `pp_connect_ctx` does (UD: RTR and RTS with only the PSN).
+    pub fn connect(
+        &self,
+        ctx: &crate::Context,
+        remote: &RemoteQp,
+        opts: &ConnectOptions,
+    ) -> Result<()> {
+        let path = ctx.resolve_path(opts.sgid_index, remote.gid)?;
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: opts.path_mtu,
+            dest_qp_num: remote.qpn,
+            rq_psn: remote.psn,
+            max_dest_rd_atomic: opts.max_dest_rd_atomic,
+            min_rnr_timer: opts.min_rnr_timer,
+            ah_attr: path,
+            ..QpAttr::default()
+        };
+        let rtr_mask = match self.qp_type {
+            QpType::Rc => QpAttrMask::STATE
+                .union(QpAttrMask::AV)
+                .union(QpAttrMask::PATH_MTU)
+                .union(QpAttrMask::DEST_QPN)
+                .union(QpAttrMask::RQ_PSN)
+                .union(QpAttrMask::MAX_DEST_RD_ATOMIC)
+                .union(QpAttrMask::MIN_RNR_TIMER),
+            QpType::Uc => QpAttrMask::STATE
+                .union(QpAttrMask::AV)
+                .union(QpAttrMask::PATH_MTU)
+                .union(QpAttrMask::DEST_QPN)
+                .union(QpAttrMask::RQ_PSN),
+            QpType::Ud => QpAttrMask::STATE,
+        };
+        self.modify(&rtr, rtr_mask)?;
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: opts.local_psn,
+            timeout: opts.timeout,
+            retry_cnt: opts.retry_cnt,
+            rnr_retry: opts.rnr_retry,
+            max_rd_atomic: opts.max_rd_atomic,
+            ..QpAttr::default()
+        };
+        let rts_mask = match self.qp_type {
+            QpType::Rc => QpAttrMask::STATE
+                .union(QpAttrMask::SQ_PSN)
+                .union(QpAttrMask::TIMEOUT)
+                .union(QpAttrMask::RETRY_CNT)
+                .union(QpAttrMask::RNR_RETRY)
+                .union(QpAttrMask::MAX_QP_RD_ATOMIC),
+            _ => QpAttrMask::STATE.union(QpAttrMask::SQ_PSN),
+        };
+        self.modify(&rts, rts_mask)
+    }
+
+    /// Post send work requests and ring the doorbell once: the frames leave
+    /// from this thread before the call returns (as far as the window allows).
+    pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        let mut inner = self.pd.shared.engine.lock();
+        let mut result = Ok(());
+        for wr in wrs {
+            if let Err(e) = inner.core.post_send(self.qpn, wr) {
+                result = Err(e.into());
+                break;
+            }
+        }
+        let now = inner.now();
+        inner.flush_tx(now)?;
+        result
+    }
+
+    /// Post receive work requests (stops at the first refused, like bad_wr).
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let mut inner = self.pd.shared.engine.lock();
+        for wr in wrs {
+            inner.core.post_recv(self.qpn, wr)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for QueuePair<'_> {
+    fn drop(&mut self) {
+        let _ = self.pd.shared.engine.lock().core.destroy_qp(self.qpn);
+    }
+}

@@ -1,0 +1,52 @@
+//! Shared receive queues (ibv_srq).
+
+use ferroce_stack::transport::{RecvWr, SrqHandle};
+
+use crate::error::Result;
+use crate::pd::ProtectionDomain;
+
+/// A shared receive queue; QPs created with it take their receives from it.
+#[derive(Debug)]
+pub struct SharedReceiveQueue<'pd> {
+    pd: &'pd ProtectionDomain,
+    pub(crate) handle: SrqHandle,
+}
+
+impl<'pd> SharedReceiveQueue<'pd> {
+    pub(crate) fn new(pd: &'pd ProtectionDomain, max_wr: u32, max_sge: u32) -> Result<Self> {
+        let handle = pd
+            .shared
+            .engine
+            .lock()
+            .core
+            .create_srq(pd.handle, max_wr, max_sge)?;
+        Ok(SharedReceiveQueue { pd, handle })
+    }
+
+    /// Arm the limit event: an async event fires when fewer than `limit` WRs remain.
+    pub fn set_limit(&self, limit: u32) -> Result<()> {
+        Ok(self
+            .pd
+            .shared
+            .engine
+            .lock()
+            .core
+            .modify_srq(self.handle, limit)?)
+    }
+
+    /// Post receive work requests; stops at the first the core refuses
+    /// and returns its error (earlier ones stay posted, as with bad_wr).
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let mut inner = self.pd.shared.engine.lock();
+        for wr in wrs {
+            inner.core.post_srq_recv(self.handle, wr)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SharedReceiveQueue<'_> {
+    fn drop(&mut self) {
+        let _ = self.pd.shared.engine.lock().core.destroy_srq(self.handle);
+    }
+}
