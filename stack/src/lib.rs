@@ -11,4 +11,6 @@
 // Nothing a peer sends may unwrap; tests may.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod sim;
+pub mod transport;
 pub mod wire;

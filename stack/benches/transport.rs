@@ -1,0 +1,2 @@
+//! Transport benches (filled in below in a later commit).
+fn main() {}

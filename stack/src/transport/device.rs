@@ -1,0 +1,797 @@
+//! The core: every object of one device and the sans-IO entry points.
+//!
+//! Order of calls for an engine (quinn-proto style):
+//! 1. verbs calls (`post_send`, `post_recv`, ...) whenever the user makes them;
+//! 2. `handle_frame(now, frame)` for every frame the driver received;
+//! 3. `handle_timeout(now)` when `now` has reached `poll_timeout()`;
+//! 4. `poll_transmit(now, buf)` until it returns `None`, sending each frame;
+//! 5. sleep until the next frame or `poll_timeout()`.
+//!
+//! `now` must not go backwards. Nothing here allocates per packet once the
+//! queues have reached their size.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+
+use rand::SeedableRng;
+use rand_xoshiro::Xoshiro256PlusPlus;
+
+use crate::wire::{bth, ParsedPacket, Transport};
+
+use super::cq::{Cq, CqHandle};
+use super::error::VerbsError;
+use super::mr::{AccessFlags, MemoryRegion, MrTable, PdHandle};
+use super::qp::{check_modify, Qp, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType};
+use super::srq::{Srq, SrqHandle};
+use super::timers::Instant;
+use super::wqe::{RecvWr, SendOp, SendWr, WcStatus, WorkCompletion, MAX_SGE};
+
+/// Limits of a core (what ibv_query_device would report).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    pub max_qp: u32,
+    pub max_cq: u32,
+    pub max_srq: u32,
+    pub max_qp_wr: u32,
+    pub max_cqe: u32,
+    pub max_sge: u32,
+    pub max_inline_data: u32,
+    /// Most unacknowledged PSNs a requester has out (rxe: RXE_MAX_UNACKED_PSNS = 128).
+    pub max_unacked_psns: u32,
+    /// Largest message (IBTA: 2^31 bytes).
+    pub max_msg_size: u64,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            max_qp: 1 << 16,
+            max_cq: 1 << 16,
+            max_srq: 1 << 12,
+            max_qp_wr: 1 << 14,
+            max_cqe: 1 << 20,
+            max_sge: MAX_SGE as u32,
+            max_inline_data: 256,
+            max_unacked_psns: 128,
+            max_msg_size: 1 << 31,
+        }
+    }
+}
+
+/// Asynchronous events (ibv_get_async_event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// A completion was lost because the CQ was full (IBV_EVENT_CQ_ERR).
+    CqError { cq: CqHandle },
+    /// An SRQ fell below its armed limit (IBV_EVENT_SRQ_LIMIT_REACHED).
+    SrqLimitReached { srq: SrqHandle },
+    /// A QP attached to an SRQ entered ERR (IBV_EVENT_QP_LAST_WQE_REACHED).
+    QpLastWqeReached { qpn: u32, srq: SrqHandle },
+    /// The send queue of a QP in SQD has drained (IBV_EVENT_SQ_DRAINED).
+    SqDrained { qpn: u32 },
+}
+
+/// Counters: frames, retransmissions, NAKs, and every reason a frame was dropped.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    pub rx_frames: u64,
+    pub tx_packets: u64,
+    pub retransmits: u64,
+    pub timeouts: u64,
+    pub duplicates: u64,
+    pub out_of_sequence: u64,
+    pub naks_sent: u64,
+    pub naks_received: u64,
+    pub rnr_naks_sent: u64,
+    pub rnr_naks_received: u64,
+    /// Drops and oddities by name (wire errors use `wire::Error::counter_name`).
+    pub drops: BTreeMap<&'static str, u64>,
+}
+
+impl Stats {
+    pub fn count(&mut self, what: &'static str) {
+        *self.drops.entry(what).or_default() += 1;
+    }
+    pub fn get(&self, what: &str) -> u64 {
+        self.drops.get(what).copied().unwrap_or(0)
+    }
+}
+
+/// What a QP needs from the rest of the core while it works.
+pub(crate) struct Ctx<'a> {
+    pub mrs: &'a mut MrTable,
+    pub cqs: &'a mut [Option<Cq>],
+    pub srqs: &'a mut [Option<Srq>],
+    pub events: &'a mut VecDeque<AsyncEvent>,
+    pub stats: &'a mut Stats,
+    pub cfg: &'a Config,
+    pub now: Instant,
+}
+
+impl Ctx<'_> {
+    pub fn complete(&mut self, cq: CqHandle, wc: WorkCompletion) {
+        if let Some(Some(c)) = self.cqs.get_mut(cq.0 as usize) {
+            let was = c.overflowed;
+            if c.push(wc).is_err() && !was {
+                self.events.push_back(AsyncEvent::CqError { cq });
+            }
+        }
+    }
+}
+
+/// The QPN of slot 0 (rxe starts at RXE_MIN_QP_INDEX 16 + 1; 0 and 1 are special).
+const QPN_BASE: u32 = 0x11;
+
+/// One RoCE v2 device's worth of transport state. See the module docs for the call order.
+#[derive(Debug)]
+pub struct Core {
+    cfg: Config,
+    rng: Xoshiro256PlusPlus,
+    pds: Vec<bool>,
+    mrs: MrTable,
+    cqs: Vec<Option<Cq>>,
+    srqs: Vec<Option<Srq>>,
+    qps: Vec<Option<Box<Qp>>>,
+    free_qps: Vec<u32>,
+    ready: VecDeque<u32>,
+    timers: BinaryHeap<Reverse<(Instant, u32)>>,
+    events: VecDeque<AsyncEvent>,
+    stats: Stats,
+}
+
+macro_rules! split {
+    ($self:ident, $now:expr) => {
+        Ctx {
+            mrs: &mut $self.mrs,
+            cqs: &mut $self.cqs,
+            srqs: &mut $self.srqs,
+            events: &mut $self.events,
+            stats: &mut $self.stats,
+            cfg: &$self.cfg,
+            now: $now,
+        }
+    };
+}
+
+impl Core {
+    /// A core whose keys come from `seed` (never from the OS).
+    pub fn new(cfg: Config, seed: u64) -> Core {
+        Core {
+            cfg,
+            rng: Xoshiro256PlusPlus::seed_from_u64(seed),
+            pds: Vec::new(),
+            mrs: MrTable::default(),
+            cqs: Vec::new(),
+            srqs: Vec::new(),
+            qps: Vec::new(),
+            free_qps: Vec::new(),
+            ready: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            events: VecDeque::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    // ---- protection domains and memory regions ----
+
+    pub fn alloc_pd(&mut self) -> PdHandle {
+        if let Some(i) = self.pds.iter().position(|used| !used) {
+            self.pds[i] = true;
+            return PdHandle(i as u32);
+        }
+        self.pds.push(true);
+        PdHandle(self.pds.len() as u32 - 1)
+    }
+
+    fn pd_ok(&self, pd: PdHandle) -> Result<(), VerbsError> {
+        match self.pds.get(pd.0 as usize) {
+            Some(true) => Ok(()),
+            _ => Err(VerbsError::NotFound("protection domain")),
+        }
+    }
+
+    /// Fails with `Busy` while MRs, QPs or SRQs use it (ibv_dealloc_pd: EBUSY).
+    pub fn dealloc_pd(&mut self, pd: PdHandle) -> Result<(), VerbsError> {
+        self.pd_ok(pd)?;
+        let used = self.mrs.any_in_pd(pd)
+            || self.qps.iter().flatten().any(|q| q.pd == pd)
+            || self.srqs.iter().flatten().any(|s| s.pd == pd);
+        if used {
+            return Err(VerbsError::Busy("protection domain"));
+        }
+        self.pds[pd.0 as usize] = false;
+        Ok(())
+    }
+
+    /// Register `region`, known to local SGEs and remote peers by `iova`.
+    /// Returns `(lkey, rkey)`.
+    pub fn reg_mr(
+        &mut self,
+        pd: PdHandle,
+        iova: u64,
+        access: AccessFlags,
+        region: Box<dyn MemoryRegion>,
+    ) -> Result<(u32, u32), VerbsError> {
+        self.pd_ok(pd)?;
+        self.mrs.register(&mut self.rng, pd, iova, access, region)
+    }
+
+    /// Deregister; the keys stop working at once. Returns the memory.
+    pub fn dereg_mr(&mut self, lkey: u32) -> Result<Box<dyn MemoryRegion>, VerbsError> {
+        Ok(self.mrs.deregister(lkey)?.region)
+    }
+
+    /// The memory behind a key.
+    pub fn mr_region(&self, key: u32) -> Option<&dyn MemoryRegion> {
+        self.mrs.get(key).map(|m| &*m.region)
+    }
+    pub fn mr_region_mut(&mut self, key: u32) -> Option<&mut (dyn MemoryRegion + 'static)> {
+        self.mrs.get_mut(key).map(|m| &mut *m.region)
+    }
+
+    // ---- completion queues ----
+
+    pub fn create_cq(&mut self, depth: u32) -> Result<CqHandle, VerbsError> {
+        if depth == 0 || depth > self.cfg.max_cqe {
+            return Err(VerbsError::OutOfRange {
+                what: "cqe",
+                value: depth.into(),
+                max: self.cfg.max_cqe.into(),
+            });
+        }
+        let cq = Cq::new(depth as usize);
+        if let Some(i) = self.cqs.iter().position(Option::is_none) {
+            self.cqs[i] = Some(cq);
+            return Ok(CqHandle(i as u32));
+        }
+        if self.cqs.len() >= self.cfg.max_cq as usize {
+            return Err(VerbsError::Exhausted("completion queues"));
+        }
+        self.cqs.push(Some(cq));
+        Ok(CqHandle(self.cqs.len() as u32 - 1))
+    }
+
+    pub fn destroy_cq(&mut self, cq: CqHandle) -> Result<(), VerbsError> {
+        self.cq_ok(cq)?;
+        if self
+            .qps
+            .iter()
+            .flatten()
+            .any(|q| q.send_cq == cq || q.recv_cq == cq)
+        {
+            return Err(VerbsError::Busy("completion queue"));
+        }
+        self.cqs[cq.0 as usize] = None;
+        Ok(())
+    }
+
+    fn cq_ok(&self, cq: CqHandle) -> Result<(), VerbsError> {
+        match self.cqs.get(cq.0 as usize) {
+            Some(Some(_)) => Ok(()),
+            _ => Err(VerbsError::NotFound("completion queue")),
+        }
+    }
+
+    /// Move up to `out.len()` completions, oldest first, into `out`.
+    pub fn poll_cq(
+        &mut self,
+        cq: CqHandle,
+        out: &mut [WorkCompletion],
+    ) -> Result<usize, VerbsError> {
+        match self.cqs.get_mut(cq.0 as usize) {
+            Some(Some(c)) => Ok(c.poll(out)),
+            _ => Err(VerbsError::NotFound("completion queue")),
+        }
+    }
+
+    /// One completion, if any.
+    pub fn poll_cq_one(&mut self, cq: CqHandle) -> Option<WorkCompletion> {
+        self.cqs.get_mut(cq.0 as usize)?.as_mut()?.pop()
+    }
+
+    /// Completions waiting in a CQ.
+    pub fn cq_len(&self, cq: CqHandle) -> usize {
+        match self.cqs.get(cq.0 as usize) {
+            Some(Some(c)) => c.len(),
+            _ => 0,
+        }
+    }
+
+    // ---- shared receive queues ----
+
+    pub fn create_srq(
+        &mut self,
+        pd: PdHandle,
+        max_wr: u32,
+        max_sge: u32,
+    ) -> Result<SrqHandle, VerbsError> {
+        self.pd_ok(pd)?;
+        self.check_caps("max_wr", max_wr, self.cfg.max_qp_wr)?;
+        self.check_caps("max_sge", max_sge, self.cfg.max_sge)?;
+        let srq = Srq::new(pd, max_wr as usize, max_sge as usize);
+        if let Some(i) = self.srqs.iter().position(Option::is_none) {
+            self.srqs[i] = Some(srq);
+            return Ok(SrqHandle(i as u32));
+        }
+        if self.srqs.len() >= self.cfg.max_srq as usize {
+            return Err(VerbsError::Exhausted("shared receive queues"));
+        }
+        self.srqs.push(Some(srq));
+        Ok(SrqHandle(self.srqs.len() as u32 - 1))
+    }
+
+    /// Arm the limit event: it fires once when fewer than `limit` WRs remain (0 disarms).
+    pub fn modify_srq(&mut self, srq: SrqHandle, limit: u32) -> Result<(), VerbsError> {
+        let s = self.srq_mut(srq)?;
+        if u64::from(limit) > s.queue.cap() {
+            return Err(VerbsError::OutOfRange {
+                what: "srq_limit",
+                value: limit.into(),
+                max: s.queue.cap(),
+            });
+        }
+        s.limit = limit;
+        Ok(())
+    }
+
+    pub fn destroy_srq(&mut self, srq: SrqHandle) -> Result<(), VerbsError> {
+        self.srq_mut(srq)?;
+        if self.qps.iter().flatten().any(|q| q.srq == Some(srq)) {
+            return Err(VerbsError::Busy("shared receive queue"));
+        }
+        self.srqs[srq.0 as usize] = None;
+        Ok(())
+    }
+
+    fn srq_mut(&mut self, srq: SrqHandle) -> Result<&mut Srq, VerbsError> {
+        match self.srqs.get_mut(srq.0 as usize) {
+            Some(Some(s)) => Ok(s),
+            _ => Err(VerbsError::NotFound("shared receive queue")),
+        }
+    }
+
+    pub fn post_srq_recv(&mut self, srq: SrqHandle, wr: &RecvWr<'_>) -> Result<(), VerbsError> {
+        let s = self.srq_mut(srq)?;
+        if wr.sg_list.len() > s.max_sge {
+            return Err(VerbsError::OutOfRange {
+                what: "num_sge",
+                value: wr.sg_list.len() as u64,
+                max: s.max_sge as u64,
+            });
+        }
+        let slot = s.queue.next_slot().ok_or(VerbsError::QueueFull)?;
+        slot.fill(wr);
+        s.queue.commit_push();
+        Ok(())
+    }
+
+    fn check_caps(&self, what: &'static str, v: u32, max: u32) -> Result<(), VerbsError> {
+        if v > max {
+            return Err(VerbsError::OutOfRange {
+                what,
+                value: v.into(),
+                max: max.into(),
+            });
+        }
+        Ok(())
+    }
+
+    // ---- queue pairs ----
+
+    /// Create a QP in RESET; returns its QPN.
+    pub fn create_qp(&mut self, pd: PdHandle, init: &QpInitAttr) -> Result<u32, VerbsError> {
+        self.pd_ok(pd)?;
+        self.cq_ok(init.send_cq)?;
+        self.cq_ok(init.recv_cq)?;
+        if let Some(s) = init.srq {
+            self.srq_mut(s)?;
+        }
+        let c = &init.cap;
+        self.check_caps("max_send_wr", c.max_send_wr, self.cfg.max_qp_wr)?;
+        self.check_caps("max_recv_wr", c.max_recv_wr, self.cfg.max_qp_wr)?;
+        self.check_caps("max_send_sge", c.max_send_sge, self.cfg.max_sge)?;
+        self.check_caps("max_recv_sge", c.max_recv_sge, self.cfg.max_sge)?;
+        self.check_caps(
+            "max_inline_data",
+            c.max_inline_data,
+            self.cfg.max_inline_data,
+        )?;
+        if c.max_send_wr == 0
+            || (init.srq.is_none() && c.max_recv_wr == 0 && init.qp_type != QpType::Ud)
+        {
+            // A QP may have an empty RQ in ibverbs, but an empty SQ ring cannot exist here.
+            if c.max_send_wr == 0 {
+                return Err(VerbsError::Invalid("max_send_wr must be at least 1"));
+            }
+        }
+        let slot = match self.free_qps.pop() {
+            Some(s) => s,
+            None => {
+                if self.qps.len() >= self.cfg.max_qp as usize
+                    || self.qps.len() as u32 + QPN_BASE > bth::MASK_24
+                {
+                    return Err(VerbsError::Exhausted("queue pairs"));
+                }
+                self.qps.push(None);
+                self.qps.len() as u32 - 1
+            }
+        };
+        let qpn = slot + QPN_BASE;
+        self.qps[slot as usize] = Some(Box::new(Qp::new(qpn, pd, init)));
+        Ok(qpn)
+    }
+
+    fn slot_of(qpn: u32) -> Option<usize> {
+        qpn.checked_sub(QPN_BASE).map(|s| s as usize)
+    }
+
+    fn qp_mut(&mut self, qpn: u32) -> Result<&mut Qp, VerbsError> {
+        Self::slot_of(qpn)
+            .and_then(|s| self.qps.get_mut(s))
+            .and_then(|q| q.as_deref_mut())
+            .ok_or(VerbsError::NotFound("queue pair"))
+    }
+
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
+        self.qp_mut(qpn)?;
+        if let Some(s) = Self::slot_of(qpn) {
+            self.qps[s] = None;
+            self.free_qps.push(s as u32);
+        }
+        Ok(())
+    }
+
+    /// The QP's current attributes (ibv_query_qp); `qp_state` is the live state.
+    pub fn query_qp(&self, qpn: u32) -> Result<QpAttr, VerbsError> {
+        let q = Self::slot_of(qpn)
+            .and_then(|s| self.qps.get(s))
+            .and_then(|q| q.as_deref())
+            .ok_or(VerbsError::NotFound("queue pair"))?;
+        let mut a = q.attr;
+        a.qp_state = q.state;
+        a.cur_qp_state = q.state;
+        a.sq_psn = q.req.psn;
+        a.rq_psn = q.resp.psn;
+        a.sq_draining = q.state == QpState::Sqd && q.req.next < q.sq.tail;
+        Ok(a)
+    }
+
+    /// ibv_modify_qp: check the transition and attributes, then apply them.
+    pub fn modify_qp(
+        &mut self,
+        qpn: u32,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) -> Result<(), VerbsError> {
+        let slot = Self::slot_of(qpn).ok_or(VerbsError::NotFound("queue pair"))?;
+        let Some(Some(qp)) = self.qps.get_mut(slot) else {
+            return Err(VerbsError::NotFound("queue pair"));
+        };
+        let to = check_modify(qp.qp_type, qp.state, attr, mask)?;
+        let from = qp.state;
+        let mut ctx = split!(self, Instant::ZERO);
+        if to == QpState::Reset {
+            qp.reset();
+            qp.state = QpState::Reset;
+            return Ok(());
+        }
+        qp.apply_attrs(attr, mask);
+        if to == QpState::Err && from != QpState::Err {
+            qp.enter_error(&mut ctx);
+        }
+        qp.state = to;
+        qp.attr.qp_state = to;
+        if from == QpState::Init && to == QpState::Rtr {
+            // Fresh responder state at the agreed PSN.
+            qp.resp.psn = qp.attr.rq_psn;
+            qp.resp.nak_sent = false;
+        }
+        if from == QpState::Rtr && to == QpState::Rts {
+            qp.req.retry_cnt = qp.attr.retry_cnt;
+            qp.req.rnr_retry = qp.attr.rnr_retry;
+        }
+        if to == QpState::Sqd && qp.req.next >= qp.sq.tail {
+            ctx.events.push_back(AsyncEvent::SqDrained { qpn });
+        }
+        self.schedule(slot);
+        Ok(())
+    }
+
+    /// ibv_post_send for one work request.
+    pub fn post_send(&mut self, qpn: u32, wr: &SendWr<'_>) -> Result<(), VerbsError> {
+        let slot = Self::slot_of(qpn).ok_or(VerbsError::NotFound("queue pair"))?;
+        let max_msg = self.cfg.max_msg_size;
+        let Some(Some(qp)) = self.qps.get_mut(slot) else {
+            return Err(VerbsError::NotFound("queue pair"));
+        };
+        if !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Err) {
+            return Err(VerbsError::InvalidState(qp.state));
+        }
+        let t = qp.qp_type;
+        let op_ok = match wr.op {
+            SendOp::Send | SendOp::SendWithImm { .. } => true,
+            SendOp::SendWithInv { .. } => t == QpType::Rc,
+            SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => t != QpType::Ud,
+            SendOp::RdmaRead { .. }
+            | SendOp::AtomicCmpSwp { .. }
+            | SendOp::AtomicFetchAdd { .. } => t == QpType::Rc,
+        };
+        if !op_ok {
+            return Err(VerbsError::Invalid("opcode not supported on this QP type"));
+        }
+        if t == QpType::Ud && wr.ud.is_none() {
+            return Err(VerbsError::Invalid("UD send needs a destination"));
+        }
+        let cap = qp.attr.cap;
+        let len: u64 = if wr.flags.inline {
+            if wr.op.is_read_or_atomic() {
+                return Err(VerbsError::Invalid("inline READ/atomic"));
+            }
+            if wr.inline_data.len() > cap.max_inline_data as usize {
+                return Err(VerbsError::OutOfRange {
+                    what: "inline data",
+                    value: wr.inline_data.len() as u64,
+                    max: cap.max_inline_data.into(),
+                });
+            }
+            wr.inline_data.len() as u64
+        } else {
+            if wr.sg_list.len() > cap.max_send_sge as usize {
+                return Err(VerbsError::OutOfRange {
+                    what: "num_sge",
+                    value: wr.sg_list.len() as u64,
+                    max: cap.max_send_sge.into(),
+                });
+            }
+            wr.sg_list.iter().map(|s| u64::from(s.length)).sum()
+        };
+        if wr.op.is_atomic() && len < 8 {
+            return Err(VerbsError::Invalid("atomic needs an 8-byte local buffer"));
+        }
+        let len = if wr.op.is_atomic() { 8 } else { len };
+        if len > max_msg {
+            return Err(VerbsError::OutOfRange {
+                what: "message length",
+                value: len,
+                max: max_msg,
+            });
+        }
+        let w = qp.sq.next_slot().ok_or(VerbsError::QueueFull)?;
+        w.wr_id = wr.wr_id;
+        w.op = wr.op;
+        w.flags = wr.flags;
+        w.sges.clear();
+        w.inline.clear();
+        if wr.flags.inline {
+            w.inline.extend_from_slice(wr.inline_data);
+        } else {
+            w.sges.extend_from_slice(wr.sg_list);
+        }
+        w.ud = wr.ud;
+        w.len = len;
+        w.state = super::wqe::WqeState::Posted;
+        w.sent = 0;
+        w.rd_counted = false;
+        qp.sq.commit_push();
+        if qp.state == QpState::Err {
+            // rxe: WRs posted to a QP in ERR complete at once, flushed.
+            let mut ctx = split!(self, Instant::ZERO);
+            qp.flush(&mut ctx);
+            return Ok(());
+        }
+        self.schedule(slot);
+        Ok(())
+    }
+
+    /// ibv_post_recv for one work request.
+    pub fn post_recv(&mut self, qpn: u32, wr: &RecvWr<'_>) -> Result<(), VerbsError> {
+        let qp = self.qp_mut(qpn)?;
+        if qp.srq.is_some() {
+            return Err(VerbsError::Invalid("QP uses an SRQ"));
+        }
+        if qp.state == QpState::Reset {
+            return Err(VerbsError::InvalidState(qp.state));
+        }
+        if wr.sg_list.len() > qp.attr.cap.max_recv_sge as usize {
+            return Err(VerbsError::OutOfRange {
+                what: "num_sge",
+                value: wr.sg_list.len() as u64,
+                max: qp.attr.cap.max_recv_sge.into(),
+            });
+        }
+        let slot = qp.rq.next_slot().ok_or(VerbsError::QueueFull)?;
+        slot.fill(wr);
+        qp.rq.commit_push();
+        if qp.state == QpState::Err {
+            let mut ctx = split!(self, Instant::ZERO);
+            let slot = Self::slot_of(qpn).unwrap_or(0);
+            if let Some(Some(q)) = self.qps.get_mut(slot) {
+                q.flush(&mut ctx);
+            }
+        }
+        Ok(())
+    }
+
+    /// The next asynchronous event.
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.events.pop_front()
+    }
+
+    // ---- sans-IO entry points ----
+
+    fn schedule(&mut self, slot: usize) {
+        if let Some(Some(q)) = self.qps.get_mut(slot) {
+            if !q.scheduled {
+                q.scheduled = true;
+                self.ready.push_back(slot as u32);
+            }
+        }
+    }
+
+    fn sync_timer(&mut self, slot: usize) {
+        if let Some(Some(q)) = self.qps.get_mut(slot) {
+            if let Some(t) = q.timers.next() {
+                if q.timer_entry.is_none_or(|e| t < e) {
+                    q.timer_entry = Some(t);
+                    self.timers.push(Reverse((t, slot as u32)));
+                }
+            }
+        }
+    }
+
+    /// A frame from the network. Malformed frames are counted and dropped.
+    pub fn handle_frame(&mut self, now: Instant, frame: &[u8]) {
+        self.stats.rx_frames += 1;
+        let pkt = match ParsedPacket::parse(frame) {
+            Ok(p) => p,
+            Err(e) => {
+                self.stats.count(e.counter_name());
+                return;
+            }
+        };
+        let info = pkt.opcode_info();
+        if info.transport == Transport::Cnp {
+            // Congestion control (DCQCN) is not implemented; CNPs are counted.
+            self.stats.count("rx_cnp");
+            return;
+        }
+        let Some(slot) = Self::slot_of(pkt.repr.bth.dest_qp).filter(|s| *s < self.qps.len()) else {
+            self.stats.count("rx_unknown_qp");
+            return;
+        };
+        let mut ctx = split!(self, now);
+        let Some(Some(qp)) = self.qps.get_mut(slot) else {
+            ctx.stats.count("rx_unknown_qp");
+            return;
+        };
+        let want = match qp.qp_type {
+            QpType::Rc => Transport::Rc,
+            QpType::Uc => Transport::Uc,
+            QpType::Ud => Transport::Ud,
+        };
+        if info.transport != want {
+            ctx.stats.count("rx_wrong_transport");
+            return;
+        }
+        if pkt.repr.bth.pkey != bth::DEFAULT_PKEY {
+            ctx.stats.count("rx_bad_pkey");
+            return;
+        }
+        if qp.qp_type != QpType::Ud && pkt.repr.ip.src_gid() != qp.attr.ah_attr.dgid {
+            // rxe: rxe_recv.c check_addr — a connected QP hears only its peer.
+            ctx.stats.count("rx_wrong_source");
+            return;
+        }
+        if info.is_request() {
+            qp.handle_request(&pkt, &mut ctx);
+        } else {
+            qp.handle_response(&pkt, &mut ctx);
+        }
+        self.schedule(slot);
+        self.sync_timer(slot);
+    }
+
+    /// Write the next frame to send into `buf` (which must hold
+    /// [`MAX_FRAME_LEN`](super::MAX_FRAME_LEN) bytes) and return its length.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        while let Some(slot) = self.ready.pop_front() {
+            let slot = slot as usize;
+            let mut ctx = split!(self, now);
+            let Some(Some(qp)) = self.qps.get_mut(slot) else {
+                continue;
+            };
+            qp.scheduled = false;
+            let mut out = qp.poll_response(buf, &mut ctx);
+            if out.is_none() {
+                out = qp.poll_request(buf, &mut ctx);
+            }
+            if qp.state == QpState::Sqd
+                && qp.req.next >= qp.sq.tail
+                && out.is_some()
+                && qp.sq.is_empty()
+            {
+                ctx.events.push_back(AsyncEvent::SqDrained { qpn: qp.qpn });
+            }
+            if out.is_some() {
+                qp.scheduled = true;
+                self.ready.push_back(slot as u32);
+            }
+            self.sync_timer(slot);
+            if out.is_some() {
+                return out;
+            }
+        }
+        None
+    }
+
+    /// When `handle_timeout` next needs to be called.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        while let Some(Reverse((t, slot))) = self.timers.peek().copied() {
+            let live = match self.qps.get(slot as usize) {
+                Some(Some(q)) => q.timers.next() == Some(t),
+                _ => false,
+            };
+            if live {
+                return Some(t);
+            }
+            // Stale: the deadline moved or the QP is gone.
+            self.timers.pop();
+            if let Some(Some(q)) = self.qps.get_mut(slot as usize) {
+                if q.timer_entry == Some(t) {
+                    q.timer_entry = None;
+                }
+            }
+            self.sync_timer(slot as usize);
+        }
+        None
+    }
+
+    /// Run the timers that are due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(Reverse((t, slot))) = self.timers.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let s = slot as usize;
+            let mut ctx = split!(self, now);
+            if let Some(Some(q)) = self.qps.get_mut(s) {
+                if q.timer_entry == Some(t) {
+                    q.timer_entry = None;
+                }
+                let fired = q.timers.expire(now);
+                if fired.iter().any(|f| *f) {
+                    q.on_timers(fired, &mut ctx);
+                }
+            }
+            self.schedule(s);
+            self.sync_timer(s);
+        }
+    }
+
+    /// Draw from the core's seeded RNG (for the layer above, e.g. initial PSNs).
+    pub fn random_u32(&mut self) -> u32 {
+        use rand::RngCore;
+        self.rng.next_u32()
+    }
+
+    /// Completion status helper for tests and tools: whether a QP is in ERR.
+    pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
+        Self::slot_of(qpn)
+            .and_then(|s| self.qps.get(s))
+            .and_then(|q| q.as_deref())
+            .map(|q| q.state)
+    }
+}
+
+/// Whether a completion reports success.
+pub fn wc_ok(wc: &WorkCompletion) -> bool {
+    wc.status == WcStatus::Success
+}

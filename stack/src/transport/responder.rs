@@ -1,0 +1,862 @@
+//! The responder: request packets in, data into memory, ACKs / NAKs / READ
+//! responses / atomic ACKs out (rxe: rxe_resp.c). The steps keep rxe's names:
+//! check_psn, check_op_seq, check_op_valid, get the receive WQE, check_length,
+//! check_rkey, execute, acknowledge; duplicates go to `duplicate_request`.
+
+use std::collections::VecDeque;
+
+use crate::wire::aeth::{self, NakCode, Syndrome};
+use crate::wire::{atomic_ack_eth, ExtHeaders, IpHeader, OpKind, Opcode, ParsedPacket, Position};
+
+use super::device::{AsyncEvent, Ctx};
+use super::dma;
+use super::mr::{AccessError, AccessFlags};
+use super::psn;
+use super::qp::{Qp, QpState, QpType};
+use super::requester::packets;
+use super::wqe::{RecvWqe, WcOpcode, WcStatus, WorkCompletion};
+
+/// Bytes of GRH area at the head of a UD receive buffer (ibv_post_recv(3)).
+pub const GRH_LEN: usize = 40;
+/// Responder output entries kept at most; beyond this an entry is dropped
+/// and the requester's retry brings it back.
+const OUT_CAP: usize = 256;
+
+/// One thing the responder has to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RespOut {
+    Ack {
+        psn: u32,
+        syndrome: Syndrome,
+        msn: u32,
+    },
+    Read {
+        psn: u32,
+        rkey: u32,
+        va: u64,
+        remaining: u32,
+        first: bool,
+        msn: u32,
+    },
+    AtomicAck {
+        psn: u32,
+        orig: u64,
+        msn: u32,
+    },
+}
+
+/// A responder resource: what is needed to answer a duplicate READ or atomic
+/// (IBTA 9.7.5.1.x, max_dest_rd_atomic of them; rxe: resp_res).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Resource {
+    Free,
+    Read {
+        first_psn: u32,
+        last_psn: u32,
+        rkey: u32,
+        va: u64,
+        len: u32,
+    },
+    Atomic {
+        psn: u32,
+        orig: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LastOp {
+    None,
+    Send,
+    Write,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct WriteCtx {
+    pub rkey: u32,
+    pub va: u64,
+    pub resid: u32,
+    pub len: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct RespState {
+    /// Expected PSN.
+    pub psn: u32,
+    pub msn: u32,
+    /// A PSN-sequence or RNR NAK went out and the expected PSN has not come yet
+    /// (send one NAK per gap, C9-121).
+    pub nak_sent: bool,
+    pub last_op: LastOp,
+    /// `cur` holds the receive WQE of the message in progress.
+    pub has_cur: bool,
+    pub cur: RecvWqe,
+    pub cur_offset: u64,
+    pub write: WriteCtx,
+    /// UC: drop packets until the next FIRST/ONLY.
+    pub uc_drop: bool,
+    pub resources: Vec<Resource>,
+    pub res_next: usize,
+    pub out: VecDeque<RespOut>,
+}
+
+impl RespState {
+    pub fn new(max_sge: usize) -> RespState {
+        let mut cur = RecvWqe::default();
+        cur.sges.reserve(max_sge);
+        RespState {
+            psn: 0,
+            msn: 0,
+            nak_sent: false,
+            last_op: LastOp::None,
+            has_cur: false,
+            cur,
+            cur_offset: 0,
+            write: WriteCtx::default(),
+            uc_drop: false,
+            resources: vec![Resource::Free],
+            res_next: 0,
+            out: VecDeque::new(),
+        }
+    }
+    pub fn resize_resources(&mut self, n: usize) {
+        self.resources.clear();
+        self.resources.resize(n, Resource::Free);
+        self.res_next = 0;
+    }
+    pub fn reset(&mut self) {
+        self.psn = 0;
+        self.msn = 0;
+        self.nak_sent = false;
+        self.last_op = LastOp::None;
+        self.has_cur = false;
+        self.cur_offset = 0;
+        self.uc_drop = false;
+        self.resources.fill(Resource::Free);
+        self.out.clear();
+    }
+    fn store(&mut self, r: Resource) {
+        if self.resources.is_empty() {
+            self.resources.push(Resource::Free);
+        }
+        let i = self.res_next % self.resources.len();
+        self.resources[i] = r;
+        self.res_next = (i + 1) % self.resources.len();
+    }
+    fn push_out(&mut self, o: RespOut) -> bool {
+        if self.out.len() >= OUT_CAP {
+            return false;
+        }
+        self.out.push_back(o);
+        true
+    }
+    /// Queue an ACK, folding it into a plain ACK already waiting (coalescing).
+    fn push_ack(&mut self, psn: u32, msn: u32) -> bool {
+        let ack = Syndrome::Ack {
+            credits: aeth::CREDITS_UNLIMITED,
+        };
+        if let Some(RespOut::Ack {
+            psn: p,
+            syndrome,
+            msn: m,
+        }) = self.out.back_mut()
+        {
+            if *syndrome == ack && psn::diff(psn, *p) >= 0 {
+                *p = psn;
+                *m = msn;
+                return true;
+            }
+        }
+        self.push_out(RespOut::Ack {
+            psn,
+            syndrome: ack,
+            msn,
+        })
+    }
+}
+
+/// The result of executing one request packet.
+enum Outcome {
+    /// Accepted: the expected PSN moves by `psns`; `end` = a SEND/WRITE message completed.
+    Done { psns: u32, end: bool },
+    /// No receive WQE: RNR NAK (RC) or drop (UC).
+    Rnr,
+    /// A class B/C/D error: NAK with the code, complete the receive with the
+    /// status, QP to ERR (RC); UC drops the message.
+    Fatal(NakCode, WcStatus),
+}
+
+fn access_status(e: AccessError) -> (NakCode, WcStatus) {
+    match e {
+        AccessError::Misaligned => (NakCode::InvalidRequest, WcStatus::RemInvReqErr),
+        _ => (NakCode::RemoteAccessError, WcStatus::RemAccessErr),
+    }
+}
+
+/// The 40-byte GRH area of a UD receive: the IPv6 header, or for IPv4 twenty
+/// zero bytes and then the IPv4 header (as rdma-core delivers RoCE v2 IPv4).
+fn grh_bytes(ip: &IpHeader, payload_len: usize) -> [u8; GRH_LEN] {
+    let mut g = [0u8; GRH_LEN];
+    let udp_len = (payload_len + 8) as u16;
+    match *ip {
+        IpHeader::V6 {
+            src,
+            dst,
+            traffic_class,
+            flow_label,
+            hop_limit,
+        } => {
+            let w0 = (6u32 << 28) | (u32::from(traffic_class) << 20) | (flow_label & 0xf_ffff);
+            g[0..4].copy_from_slice(&w0.to_be_bytes());
+            g[4..6].copy_from_slice(&udp_len.to_be_bytes());
+            g[6] = 17;
+            g[7] = hop_limit;
+            g[8..24].copy_from_slice(&src.octets());
+            g[24..40].copy_from_slice(&dst.octets());
+        }
+        IpHeader::V4 {
+            src,
+            dst,
+            dscp,
+            ecn,
+            ttl,
+            ident,
+        } => {
+            let h = &mut g[20..40];
+            h[0] = 0x45;
+            h[1] = (dscp << 2) | (ecn & 3);
+            h[2..4].copy_from_slice(&(udp_len + 20).to_be_bytes());
+            h[4..6].copy_from_slice(&ident.to_be_bytes());
+            h[6] = 0x40;
+            h[8] = ttl;
+            h[9] = 17;
+            h[12..16].copy_from_slice(&src.octets());
+            h[16..20].copy_from_slice(&dst.octets());
+        }
+    }
+    g
+}
+
+impl Qp {
+    /// A request packet for this responder.
+    pub(crate) fn handle_request(&mut self, pkt: &ParsedPacket<'_>, ctx: &mut Ctx<'_>) {
+        if !matches!(
+            self.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        ) {
+            ctx.stats.count("rx_request_bad_state");
+            return;
+        }
+        match self.qp_type {
+            QpType::Ud => self.ud_receive(pkt, ctx),
+            QpType::Rc | QpType::Uc => self.rc_uc_receive(pkt, ctx),
+        }
+    }
+
+    fn rc_uc_receive(&mut self, pkt: &ParsedPacket<'_>, ctx: &mut Ctx<'_>) {
+        let info = pkt.opcode_info();
+        let p = pkt.repr.bth.psn;
+        let rc = self.qp_type == QpType::Rc;
+        // check_psn
+        let d = psn::diff(p, self.resp.psn);
+        if rc {
+            if d > 0 {
+                ctx.stats.out_of_sequence += 1;
+                if !self.resp.nak_sent {
+                    self.resp.nak_sent = true;
+                    let (e, m) = (self.resp.psn, self.resp.msn);
+                    self.push_nak(NakCode::PsnSequenceError, e, m, ctx);
+                }
+                return;
+            }
+            if d < 0 {
+                self.duplicate_request(pkt, ctx);
+                return;
+            }
+        } else {
+            if d < 0 {
+                ctx.stats.count("rx_uc_stale");
+                return;
+            }
+            if d > 0 {
+                // Packets were lost: the message in progress is gone (C9-?? UC, rxe drop_msg).
+                ctx.stats.out_of_sequence += 1;
+                self.abort_message();
+            }
+            self.resp.psn = p;
+            if self.resp.uc_drop {
+                if info.is_first_or_only() {
+                    self.resp.uc_drop = false;
+                } else {
+                    self.resp.psn = psn::add(p, 1);
+                    ctx.stats.count("rx_uc_dropped_rest_of_message");
+                    return;
+                }
+            }
+        }
+        // check_op_seq: MIDDLE/LAST only inside a message of the same kind.
+        let cont = matches!(info.position, Position::Middle | Position::Last);
+        let seq_ok = match self.resp.last_op {
+            LastOp::None => !cont,
+            LastOp::Send => cont && info.kind == OpKind::Send,
+            LastOp::Write => cont && info.kind == OpKind::Write,
+        };
+        let outcome = if !seq_ok {
+            Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr)
+        } else {
+            // check_op_valid: the QP's remote access flags.
+            let acc = self.attr.qp_access_flags;
+            let allowed = match info.kind {
+                OpKind::Write => acc.contains(AccessFlags::REMOTE_WRITE),
+                OpKind::ReadRequest => acc.contains(AccessFlags::REMOTE_READ),
+                OpKind::CompareSwap | OpKind::FetchAdd => acc.contains(AccessFlags::REMOTE_ATOMIC),
+                _ => true,
+            };
+            if !allowed {
+                Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr)
+            } else {
+                match info.kind {
+                    OpKind::Send => self.exec_send(pkt, ctx),
+                    OpKind::Write => self.exec_write(pkt, ctx),
+                    OpKind::ReadRequest => self.exec_read(pkt, ctx),
+                    OpKind::CompareSwap | OpKind::FetchAdd => self.exec_atomic(pkt, ctx),
+                    _ => Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr),
+                }
+            }
+        };
+        self.finish(pkt, outcome, ctx);
+    }
+
+    fn finish(&mut self, pkt: &ParsedPacket<'_>, outcome: Outcome, ctx: &mut Ctx<'_>) {
+        let p = pkt.repr.bth.psn;
+        let rc = self.qp_type == QpType::Rc;
+        match outcome {
+            Outcome::Done { psns, end } => {
+                self.resp.psn = psn::add(p, psns);
+                self.resp.nak_sent = false;
+                if end {
+                    self.resp.msn = psn::add(self.resp.msn, 1);
+                }
+                let kind = pkt.opcode_info().kind;
+                // acknowledge: READ/atomic answer with their responses.
+                if rc && pkt.repr.bth.ack_req && matches!(kind, OpKind::Send | OpKind::Write) {
+                    let m = self.resp.msn;
+                    if !self.resp.push_ack(p, m) {
+                        ctx.stats.count("resp_queue_full");
+                    }
+                }
+            }
+            Outcome::Rnr => {
+                if rc {
+                    ctx.stats.rnr_naks_sent += 1;
+                    self.resp.nak_sent = true;
+                    let syn = Syndrome::RnrNak {
+                        timer: self.attr.min_rnr_timer,
+                    };
+                    let m = self.resp.msn;
+                    if !self.resp.push_out(RespOut::Ack {
+                        psn: p,
+                        syndrome: syn,
+                        msn: m,
+                    }) {
+                        ctx.stats.count("resp_queue_full");
+                    }
+                } else {
+                    ctx.stats.count("rx_uc_no_recv_wqe");
+                    self.abort_message();
+                    self.resp.psn = psn::add(p, 1);
+                }
+            }
+            Outcome::Fatal(code, status) => {
+                if rc {
+                    if self.resp.has_cur {
+                        self.complete_recv_error(status, ctx);
+                    }
+                    self.enter_error(ctx);
+                    let m = self.resp.msn;
+                    self.push_nak(code, p, m, ctx);
+                } else {
+                    if self.resp.has_cur && status == WcStatus::LocLenErr {
+                        self.complete_recv_error(status, ctx);
+                    }
+                    ctx.stats.count("rx_uc_bad_message");
+                    self.abort_message();
+                    self.resp.psn = psn::add(p, 1);
+                }
+            }
+        }
+    }
+
+    fn complete_recv_error(&mut self, status: WcStatus, ctx: &mut Ctx<'_>) {
+        self.resp.has_cur = false;
+        let wc = WorkCompletion::new(self.resp.cur.wr_id, status, WcOpcode::Recv, self.qpn);
+        ctx.complete(self.recv_cq, wc);
+    }
+
+    fn push_nak(&mut self, code: NakCode, psn: u32, msn: u32, ctx: &mut Ctx<'_>) {
+        ctx.stats.naks_sent += 1;
+        let syndrome = Syndrome::Nak(code);
+        if !self.resp.push_out(RespOut::Ack { psn, syndrome, msn }) {
+            ctx.stats.count("resp_queue_full");
+        }
+    }
+
+    /// UC: forget the message in progress (its receive WQE is reused by the next one).
+    fn abort_message(&mut self) {
+        self.resp.last_op = LastOp::None;
+        self.resp.cur_offset = 0;
+        self.resp.uc_drop = true;
+    }
+
+    /// Take the next receive WQE from the RQ or the SRQ into `resp.cur`.
+    fn take_recv(&mut self, ctx: &mut Ctx<'_>) -> bool {
+        if self.resp.has_cur {
+            return true;
+        }
+        if let Some(h) = self.srq {
+            let Some(Some(srq)) = ctx.srqs.get_mut(h.0 as usize) else {
+                return false;
+            };
+            match srq.take(&mut self.resp.cur) {
+                None => return false,
+                Some(fire) => {
+                    if fire {
+                        ctx.events.push_back(AsyncEvent::SrqLimitReached { srq: h });
+                    }
+                }
+            }
+        } else {
+            if self.rq.is_empty() {
+                return false;
+            }
+            let h = self.rq.head;
+            core::mem::swap(self.rq.at_mut(h), &mut self.resp.cur);
+            self.rq.pop();
+        }
+        self.resp.has_cur = true;
+        self.resp.cur_offset = 0;
+        true
+    }
+
+    fn exec_send(&mut self, pkt: &ParsedPacket<'_>, ctx: &mut Ctx<'_>) -> Outcome {
+        let info = pkt.opcode_info();
+        let first = info.is_first_or_only();
+        let last = info.is_last_or_only();
+        if first {
+            if !self.take_recv(ctx) {
+                return Outcome::Rnr;
+            }
+            self.resp.cur_offset = 0;
+        }
+        let n = pkt.payload.len() as u64;
+        let mtu = self.mtu();
+        // check_length: FIRST/MIDDLE carry exactly one MTU (C9-?? / rxe check_length).
+        if n > mtu || (!last && n != mtu) {
+            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        }
+        if self.resp.cur_offset + n > self.resp.cur.len {
+            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::LocLenErr);
+        }
+        let off = self.resp.cur_offset;
+        if dma::scatter(ctx.mrs, self.pd, &self.resp.cur.sges, off, pkt.payload).is_err() {
+            return Outcome::Fatal(NakCode::RemoteOperationalError, WcStatus::LocProtErr);
+        }
+        self.resp.cur_offset += n;
+        if !last {
+            self.resp.last_op = LastOp::Send;
+            return Outcome::Done {
+                psns: 1,
+                end: false,
+            };
+        }
+        let mut wc = WorkCompletion::new(
+            self.resp.cur.wr_id,
+            WcStatus::Success,
+            WcOpcode::Recv,
+            self.qpn,
+        );
+        wc.byte_len = self.resp.cur_offset as u32;
+        wc.imm_data = pkt.repr.ext.immdt.map(|i| i.imm);
+        wc.solicited = pkt.repr.bth.solicited;
+        if let Some(ieth) = pkt.repr.ext.ieth {
+            if ctx.mrs.invalidate(ieth.rkey, self.pd).is_err() {
+                return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+            }
+            wc.invalidated_rkey = Some(ieth.rkey);
+        }
+        ctx.complete(self.recv_cq, wc);
+        self.resp.has_cur = false;
+        self.resp.last_op = LastOp::None;
+        Outcome::Done { psns: 1, end: true }
+    }
+
+    fn exec_write(&mut self, pkt: &ParsedPacket<'_>, ctx: &mut Ctx<'_>) -> Outcome {
+        let info = pkt.opcode_info();
+        let first = info.is_first_or_only();
+        let last = info.is_last_or_only();
+        if first {
+            let Some(reth) = pkt.repr.ext.reth else {
+                return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+            };
+            // check_rkey; a zero-length WRITE touches no memory and is not checked (C9-88).
+            if reth.dma_len > 0 {
+                if let Err(e) = ctx.mrs.check(
+                    reth.rkey,
+                    self.pd,
+                    reth.va,
+                    u64::from(reth.dma_len),
+                    AccessFlags::REMOTE_WRITE,
+                ) {
+                    let (code, st) = access_status(e);
+                    return Outcome::Fatal(code, st);
+                }
+            }
+            self.resp.write = WriteCtx {
+                rkey: reth.rkey,
+                va: reth.va,
+                resid: reth.dma_len,
+                len: reth.dma_len,
+            };
+        }
+        let n = pkt.payload.len() as u32;
+        let mtu = self.attr.path_mtu;
+        let w = self.resp.write;
+        if n > mtu || (!last && n != mtu) || n > w.resid || (last && n != w.resid) {
+            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        }
+        let imm = pkt.repr.ext.immdt;
+        if imm.is_some() && !self.take_recv(ctx) {
+            return Outcome::Rnr;
+        }
+        if n > 0 {
+            match ctx.mrs.check(
+                w.rkey,
+                self.pd,
+                w.va,
+                u64::from(n),
+                AccessFlags::REMOTE_WRITE,
+            ) {
+                Ok((mr, off)) => {
+                    if mr.region.write(off, pkt.payload).is_err() {
+                        return Outcome::Fatal(NakCode::RemoteAccessError, WcStatus::RemAccessErr);
+                    }
+                }
+                Err(e) => {
+                    let (code, st) = access_status(e);
+                    return Outcome::Fatal(code, st);
+                }
+            }
+        }
+        self.resp.write.va = w.va.wrapping_add(u64::from(n));
+        self.resp.write.resid = w.resid - n;
+        if !last {
+            self.resp.last_op = LastOp::Write;
+            return Outcome::Done {
+                psns: 1,
+                end: false,
+            };
+        }
+        self.resp.last_op = LastOp::None;
+        if let Some(i) = imm {
+            let mut wc = WorkCompletion::new(
+                self.resp.cur.wr_id,
+                WcStatus::Success,
+                WcOpcode::RecvRdmaWithImm,
+                self.qpn,
+            );
+            wc.byte_len = w.len;
+            wc.imm_data = Some(i.imm);
+            wc.solicited = pkt.repr.bth.solicited;
+            ctx.complete(self.recv_cq, wc);
+            self.resp.has_cur = false;
+        }
+        Outcome::Done { psns: 1, end: true }
+    }
+
+    fn exec_read(&mut self, pkt: &ParsedPacket<'_>, ctx: &mut Ctx<'_>) -> Outcome {
+        let Some(reth) = pkt.repr.ext.reth else {
+            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        };
+        if self.attr.max_dest_rd_atomic == 0 || reth.dma_len > 1 << 31 {
+            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        }
+        if reth.dma_len > 0 {
+            if let Err(e) = ctx.mrs.check(
+                reth.rkey,
+                self.pd,
+                reth.va,
+                u64::from(reth.dma_len),
+                AccessFlags::REMOTE_READ,
+            ) {
+                let (code, st) = access_status(e);
+                return Outcome::Fatal(code, st);
+            }
+        }
+        let p = pkt.repr.bth.psn;
+        let n = packets(u64::from(reth.dma_len), self.mtu());
+        self.resp.store(Resource::Read {
+            first_psn: p,
+            last_psn: psn::add(p, n - 1),
+            rkey: reth.rkey,
+            va: reth.va,
+            len: reth.dma_len,
+        });
+        self.resp.msn = psn::add(self.resp.msn, 1);
+        let msn = self.resp.msn;
+        let out = RespOut::Read {
+            psn: p,
+            rkey: reth.rkey,
+            va: reth.va,
+            remaining: reth.dma_len,
+            first: true,
+            msn,
+        };
+        if !self.resp.push_out(out) {
+            ctx.stats.count("resp_queue_full");
+        }
+        Outcome::Done {
+            psns: n,
+            end: false,
+        }
+    }
+
+    fn exec_atomic(&mut self, pkt: &ParsedPacket<'_>, ctx: &mut Ctx<'_>) -> Outcome {
+        let Some(a) = pkt.repr.ext.atomic_eth else {
+            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        };
+        if self.attr.max_dest_rd_atomic == 0 {
+            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        }
+        let cas = pkt.repr.bth.opcode == Opcode::RC_COMPARE_SWAP;
+        let orig = match ctx.mrs.check_atomic(a.rkey, self.pd, a.va) {
+            Ok((mr, off)) => {
+                let r = if cas {
+                    mr.region.compare_swap(off, a.compare, a.swap_add)
+                } else {
+                    mr.region.fetch_add(off, a.swap_add)
+                };
+                match r {
+                    Ok(v) => v,
+                    Err(_) => {
+                        return Outcome::Fatal(NakCode::RemoteAccessError, WcStatus::RemAccessErr)
+                    }
+                }
+            }
+            Err(e) => {
+                let (code, st) = access_status(e);
+                return Outcome::Fatal(code, st);
+            }
+        };
+        let p = pkt.repr.bth.psn;
+        // Saved so a duplicate gets the same answer and is not executed again (C9-?? / rxe).
+        self.resp.store(Resource::Atomic { psn: p, orig });
+        self.resp.msn = psn::add(self.resp.msn, 1);
+        let msn = self.resp.msn;
+        if !self.resp.push_out(RespOut::AtomicAck { psn: p, orig, msn }) {
+            ctx.stats.count("resp_queue_full");
+        }
+        Outcome::Done {
+            psns: 1,
+            end: false,
+        }
+    }
+
+    /// A request with a PSN we already passed (rxe: rxe_resp.c duplicate_request).
+    fn duplicate_request(&mut self, pkt: &ParsedPacket<'_>, ctx: &mut Ctx<'_>) {
+        ctx.stats.duplicates += 1;
+        let p = pkt.repr.bth.psn;
+        let msn = self.resp.msn;
+        let pushed = match pkt.opcode_info().kind {
+            // C9-105: ACK again (the last PSN we took), do not execute again.
+            OpKind::Send | OpKind::Write => self
+                .resp
+                .push_ack(psn::add(self.resp.psn, psn::PSN_MASK), msn),
+            OpKind::ReadRequest => {
+                let Some(reth) = pkt.repr.ext.reth else {
+                    return;
+                };
+                let found = self.resp.resources.iter().find_map(|r| match *r {
+                    Resource::Read {
+                        first_psn,
+                        last_psn,
+                        rkey,
+                        va,
+                        len,
+                    } if psn::diff(p, first_psn) >= 0 && psn::diff(p, last_psn) <= 0 => {
+                        Some((rkey, va, len))
+                    }
+                    _ => None,
+                });
+                let Some((rkey, va, len)) = found else {
+                    ctx.stats.count("rx_duplicate_read_no_resource");
+                    return;
+                };
+                // A re-read must stay inside what was asked for the first time.
+                let end = reth.va.checked_add(u64::from(reth.dma_len));
+                let orig_end = va.checked_add(u64::from(len));
+                if reth.va < va || end.is_none() || orig_end.is_none() || end > orig_end {
+                    ctx.stats.count("rx_duplicate_read_mismatch");
+                    return;
+                }
+                self.resp.push_out(RespOut::Read {
+                    psn: p,
+                    rkey,
+                    va: reth.va,
+                    remaining: reth.dma_len,
+                    first: true,
+                    msn,
+                })
+            }
+            OpKind::CompareSwap | OpKind::FetchAdd => {
+                let found = self.resp.resources.iter().find_map(|r| match *r {
+                    Resource::Atomic { psn, orig } if psn == p => Some(orig),
+                    _ => None,
+                });
+                let Some(orig) = found else {
+                    ctx.stats.count("rx_duplicate_atomic_no_resource");
+                    return;
+                };
+                self.resp.push_out(RespOut::AtomicAck { psn: p, orig, msn })
+            }
+            _ => true,
+        };
+        if !pushed {
+            ctx.stats.count("resp_queue_full");
+        }
+    }
+
+    fn ud_receive(&mut self, pkt: &ParsedPacket<'_>, ctx: &mut Ctx<'_>) {
+        let Some(deth) = pkt.repr.ext.deth else {
+            return;
+        };
+        // Q_Key check (IBTA C10-15; rxe: rxe_recv.c check_keys).
+        if deth.qkey != self.attr.qkey {
+            ctx.stats.count("rx_qkey_mismatch");
+            return;
+        }
+        if !self.take_recv(ctx) {
+            ctx.stats.count("rx_ud_no_recv_wqe");
+            return;
+        }
+        let need = (GRH_LEN + pkt.payload.len()) as u64;
+        if need > self.resp.cur.len {
+            self.complete_recv_error(WcStatus::LocLenErr, ctx);
+            return;
+        }
+        let grh = grh_bytes(&pkt.repr.ip, pkt.payload.len());
+        let sges = &self.resp.cur.sges;
+        if dma::scatter(ctx.mrs, self.pd, sges, 0, &grh).is_err()
+            || dma::scatter(ctx.mrs, self.pd, sges, GRH_LEN as u64, pkt.payload).is_err()
+        {
+            self.complete_recv_error(WcStatus::LocProtErr, ctx);
+            return;
+        }
+        let mut wc = WorkCompletion::new(
+            self.resp.cur.wr_id,
+            WcStatus::Success,
+            WcOpcode::Recv,
+            self.qpn,
+        );
+        wc.byte_len = need as u32;
+        wc.imm_data = pkt.repr.ext.immdt.map(|i| i.imm);
+        wc.src_qp = deth.src_qp;
+        wc.grh = true;
+        wc.solicited = pkt.repr.bth.solicited;
+        ctx.complete(self.recv_cq, wc);
+        self.resp.has_cur = false;
+    }
+
+    /// Write the next responder packet (ACK/NAK, READ response, atomic ACK).
+    pub(crate) fn poll_response(&mut self, buf: &mut [u8], ctx: &mut Ctx<'_>) -> Option<usize> {
+        let front = *self.resp.out.front()?;
+        let mut repr = self.hdr;
+        repr.bth.ack_req = false;
+        let mut ext = ExtHeaders::default();
+        let ack = Syndrome::Ack {
+            credits: aeth::CREDITS_UNLIMITED,
+        };
+        let emitted = match front {
+            RespOut::Ack { psn, syndrome, msn } => {
+                self.resp.out.pop_front();
+                repr.bth.opcode = Opcode::RC_ACKNOWLEDGE;
+                repr.bth.psn = psn;
+                ext.aeth = Some(aeth::Repr::new(syndrome, msn));
+                repr.ext = ext;
+                repr.emit(buf, &[])
+            }
+            RespOut::AtomicAck { psn, orig, msn } => {
+                self.resp.out.pop_front();
+                repr.bth.opcode = Opcode::RC_ATOMIC_ACKNOWLEDGE;
+                repr.bth.psn = psn;
+                ext.aeth = Some(aeth::Repr::new(ack, msn));
+                ext.atomic_ack_eth = Some(atomic_ack_eth::Repr { orig_data: orig });
+                repr.ext = ext;
+                repr.emit(buf, &[])
+            }
+            RespOut::Read {
+                psn,
+                rkey,
+                va,
+                remaining,
+                first,
+                msn,
+            } => {
+                let n = remaining.min(self.attr.path_mtu);
+                let last = n == remaining;
+                repr.bth.opcode = match (first, last) {
+                    (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                    (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                    (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+                    (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+                };
+                repr.bth.psn = psn;
+                if first || last {
+                    ext.aeth = Some(aeth::Repr::new(ack, msn));
+                }
+                repr.ext = ext;
+                let Ok((mr, off)) =
+                    ctx.mrs
+                        .check_ref(rkey, self.pd, va, u64::from(n), AccessFlags::REMOTE_READ)
+                else {
+                    // The region went away under a READ in progress.
+                    self.resp.out.pop_front();
+                    let m = self.resp.msn;
+                    self.enter_error(ctx);
+                    self.push_nak(NakCode::RemoteAccessError, psn, m, ctx);
+                    return self.poll_response(buf, ctx);
+                };
+                let mut ok = true;
+                let r =
+                    repr.emit_with(buf, n as usize, |dst| ok = mr.region.read(off, dst).is_ok());
+                if !ok {
+                    ctx.stats.count("tx_read_response_copy");
+                }
+                if last {
+                    self.resp.out.pop_front();
+                } else if let Some(RespOut::Read {
+                    psn: p,
+                    va: v,
+                    remaining: rem,
+                    first: f,
+                    ..
+                }) = self.resp.out.front_mut()
+                {
+                    *p = psn::add(psn, 1);
+                    *v = va.wrapping_add(u64::from(n));
+                    *rem = remaining - n;
+                    *f = false;
+                }
+                r
+            }
+        };
+        match emitted {
+            Ok(len) => {
+                ctx.stats.tx_packets += 1;
+                Some(len)
+            }
+            Err(_) => {
+                ctx.stats.count("tx_emit_error");
+                None
+            }
+        }
+    }
+}
