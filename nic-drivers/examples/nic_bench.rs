@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferroce_nic::afpacket::{AfPacketConfig, AfPacketIo};
+use ferroce_nic::afpacket::{AfPacketConfig, AfPacketIo, RxRing};
 use ferroce_nic::afxdp::{AfXdpConfig, AfXdpIo};
 use ferroce_nic::frame::{build_udp_frame, header_len, HeaderSpec, ROCE_V2_PORT};
 use ferroce_nic::netns::{Topology, TopologyConfig};
@@ -289,10 +289,147 @@ fn open(t: &Topology, host: usize, backend: &str) -> Result<Io, NicError> {
                 Box::new(UdpIo::bind(c)?)
             }
             "afpacket" => Box::new(AfPacketIo::open(AfPacketConfig::new(&ifname))?),
+            "afpacket-v2" => {
+                let mut c = AfPacketConfig::new(&ifname);
+                c.rx_ring = RxRing::V2;
+                c.rx_block_size = 64 << 10;
+                c.rx_blocks = 256;
+                Box::new(AfPacketIo::open(c)?)
+            }
             "afxdp" => Box::new(AfXdpIo::open(AfXdpConfig::new(&ifname))?),
             other => return Err(NicError::Config(format!("unknown backend {other}"))),
         })
     })?
+}
+
+/// One frame A -> B, B answers, A waits (sleeping in poll, no busy loop):
+/// round-trip times of `n` exchanges.
+fn pingpong(a: Io, b: Io, ab: Vec<u8>, ba: Vec<u8>, n: usize) -> Vec<Duration> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_b = stop.clone();
+    let echo = std::thread::spawn(move || {
+        pin(1);
+        let mut b = b;
+        while !stop_b.load(Ordering::Relaxed) {
+            let _ = b.wait(Some(Duration::from_millis(20)));
+            let mut got = 0;
+            let _ = b.recv(64, &mut |_f: &[u8]| got += 1);
+            for _ in 0..got {
+                let _ = b.send_frames(&[&ba]);
+            }
+        }
+    });
+    let ping = std::thread::spawn(move || {
+        pin(0);
+        let mut a = a;
+        let mut rtts = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t0 = Instant::now();
+            if a.send_frames(&[&ab]).unwrap_or(0) == 0 {
+                continue;
+            }
+            let mut got = 0;
+            while got == 0 && t0.elapsed() < Duration::from_millis(200) {
+                let _ = a.wait(Some(Duration::from_millis(50)));
+                got = a.recv(64, &mut |_f: &[u8]| {}).unwrap_or(0);
+            }
+            if got > 0 {
+                rtts.push(t0.elapsed());
+            }
+        }
+        rtts
+    });
+    let rtts = ping.join().unwrap_or_default();
+    stop.store(true, Ordering::Relaxed);
+    let _ = echo.join();
+    rtts
+}
+
+fn baseline_pingpong(t: &Topology, n: usize) -> Vec<Duration> {
+    let (a_ip, b_ip) = (t.host(0).ipv4, t.host(1).ipv4);
+    let b = t
+        .run_in(1, move || UdpSocket::bind((b_ip, ROCE_V2_PORT)))
+        .expect("ns")
+        .expect("bind");
+    let a = t
+        .run_in(0, move || UdpSocket::bind((a_ip, ROCE_V2_PORT)))
+        .expect("ns")
+        .expect("bind");
+    b.set_read_timeout(Some(Duration::from_millis(100))).ok();
+    a.set_read_timeout(Some(Duration::from_millis(200))).ok();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_b = stop.clone();
+    let echo = std::thread::spawn(move || {
+        pin(1);
+        let mut buf = [0u8; 2048];
+        while !stop_b.load(Ordering::Relaxed) {
+            if let Ok((len, from)) = b.recv_from(&mut buf) {
+                let _ = b.send_to(&buf[..len], from);
+            }
+        }
+    });
+    pin(0);
+    let mut rtts = Vec::with_capacity(n);
+    let msg = [0u8; 64 - 42];
+    let mut buf = [0u8; 2048];
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let _ = a.send_to(&msg, (b_ip, ROCE_V2_PORT));
+        if a.recv(&mut buf).is_ok() {
+            rtts.push(t0.elapsed());
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = echo.join();
+    rtts
+}
+
+fn latency_table(t: &Topology, backends: &[String]) {
+    let (a, b) = (t.host(0).clone(), t.host(1).clone());
+    let n = 2000;
+    println!();
+    println!("ping-pong, 64-byte frames, {n} round trips, sleeping in poll (no busy loop)");
+    println!(
+        "{:<12} {:>10} {:>10} {:>10}",
+        "backend", "p50 us", "p99 us", "answered"
+    );
+    for be in backends {
+        let mut rtts = if be == "baseline" {
+            baseline_pingpong(t, n)
+        } else {
+            let mk = |from: &ferroce_nic::netns::Host, to: &ferroce_nic::netns::Host| {
+                let spec = HeaderSpec {
+                    dst_mac: to.mac,
+                    src_mac: from.mac,
+                    src: SocketAddr::new(from.ipv4.into(), ROCE_V2_PORT),
+                    dst: SocketAddr::new(to.ipv4.into(), ROCE_V2_PORT),
+                    tos: 0,
+                    ttl: 64,
+                };
+                build_udp_frame(&spec, &[0u8; 64 - 42]).expect("frame")
+            };
+            let (ta, tb) = match (open(t, 0, be), open(t, 1, be)) {
+                (Ok(x), Ok(y)) => (x, y),
+                (Err(e), _) | (_, Err(e)) => {
+                    println!("{be:<12} unavailable: {e}");
+                    continue;
+                }
+            };
+            pingpong(ta, tb, mk(&a, &b), mk(&b, &a), n)
+        };
+        rtts.sort();
+        let q = |p: f64| {
+            rtts.get(((rtts.len() as f64 * p) as usize).min(rtts.len().saturating_sub(1)))
+                .map_or(0.0, |d| d.as_secs_f64() * 1e6)
+        };
+        println!(
+            "{:<12} {:>10.1} {:>10.1} {:>10}",
+            be,
+            q(0.5),
+            q(0.99),
+            rtts.len()
+        );
+    }
 }
 
 fn main() {
@@ -323,6 +460,10 @@ fn main() {
         .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
         .unwrap_or_else(|| vec![64, 1024, 4096]);
     let t = Topology::up(&TopologyConfig::default()).expect("topology");
+    if std::env::var_os("LATENCY_ONLY").is_some() {
+        latency_table(&t, &backends);
+        return;
+    }
     let (a, b) = (t.host(0).clone(), t.host(1).clone());
     println!(
         "{:<10} {:>6} {:>10} {:>9} {:>8} {:>9} {:>10} {:>10} {:>8}",
@@ -383,5 +524,8 @@ fn main() {
                 r.drops
             );
         }
+    }
+    if std::env::var_os("NO_LATENCY").is_none() {
+        latency_table(&t, &backends);
     }
 }

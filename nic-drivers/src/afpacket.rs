@@ -55,7 +55,22 @@ const T3_VLAN_TPID: usize = 36;
 // TPACKET2_HDRLEN - sizeof(struct sockaddr_ll) = TPACKET_ALIGN(32) = 32.
 const T2_STATUS: usize = 0;
 const T2_LEN: usize = 4;
+const T2_SNAPLEN: usize = 8;
+const T2_MAC: usize = 12;
+const T2_VLAN_TCI: usize = 24;
+const T2_VLAN_TPID: usize = 26;
 const T2_DATA: usize = 32;
+/// V2 RX slot size: a 9 KB frame plus the tpacket2 header and sockaddr_ll.
+const V2_RX_FRAME: usize = 16384;
+
+/// RX ring layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RxRing {
+    /// TPACKET_V3: variable-size frames packed in blocks.
+    V3,
+    /// TPACKET_V2: fixed 16 KiB slots, one frame each.
+    V2,
+}
 
 /// AF_PACKET settings.
 #[derive(Debug, Clone)]
@@ -70,6 +85,10 @@ pub struct AfPacketConfig {
     pub rx_blocks: usize,
     /// A V3 block is retired after this many ms even if not full (≥ 1).
     pub block_timeout_ms: u32,
+    /// RX ring layout: V3 (blocks; cheapest per frame, up to
+    /// `block_timeout_ms` extra latency at low rates) or V2 (one slot per
+    /// frame; each frame visible at once: use it for latency runs).
+    pub rx_ring: RxRing,
     /// TX ring slots.
     pub tx_frames: usize,
     /// Skip the qdisc layer on transmit.
@@ -91,6 +110,7 @@ impl AfPacketConfig {
             rx_block_size: 256 << 10,
             rx_blocks: 64,
             block_timeout_ms: 1,
+            rx_ring: RxRing::V3,
             tx_frames: 256,
             qdisc_bypass: true,
             sink_socket: true,
@@ -290,6 +310,32 @@ fn bind_packet(fd: RawFd, ifindex: u32, proto: u16) -> Result<(), NicError> {
     sys::cvt(r, "bind AF_PACKET").map(|_| ())
 }
 
+/// Lends `f` to `sink`; when the kernel moved a VLAN tag into metadata, puts
+/// it back first (copy) so the layers above see the frame as sent. Returns the
+/// length delivered.
+fn deliver(
+    f: &[u8],
+    vlan: Option<(u16, u16)>,
+    scratch: &mut Vec<u8>,
+    sink: &mut RxSink<'_>,
+) -> usize {
+    match vlan {
+        Some((tpid, tci)) if f.len() >= 12 => {
+            scratch.clear();
+            scratch.extend_from_slice(&f[..12]);
+            scratch.extend_from_slice(&tpid.to_be_bytes());
+            scratch.extend_from_slice(&tci.to_be_bytes());
+            scratch.extend_from_slice(&f[12..]);
+            sink(scratch);
+            scratch.len()
+        }
+        _ => {
+            sink(f);
+            f.len()
+        }
+    }
+}
+
 /// A dual-stack UDP socket on `port` whose filter drops every datagram.
 fn sink_socket(port: u16) -> Option<OwnedFd> {
     // SAFETY: plain syscall.
@@ -368,12 +414,14 @@ impl AfPacketIo {
             &fprog,
             "SO_ATTACH_FILTER",
         )?;
+        let v3 = cfg.rx_ring == RxRing::V3;
+        let version = if v3 { TPACKET_V3 } else { TPACKET_V2 };
         sys::setsockopt(
             rx,
             SOL_PACKET,
             PACKET_VERSION,
-            &TPACKET_V3,
-            "PACKET_VERSION V3",
+            &version,
+            "PACKET_VERSION (RX)",
         )?;
         let one: libc::c_int = 1;
         // Available since Linux 4.20; older kernels just loop our sends back.
@@ -386,18 +434,37 @@ impl AfPacketIo {
         ) {
             tracing::warn!("{e}");
         }
-        // The ring must hold a 9 KB frame plus its tpacket3_hdr in one block.
-        let frame_size = 16384.min(cfg.rx_block_size);
-        let req = libc::tpacket_req3 {
-            tp_block_size: cfg.rx_block_size as u32,
-            tp_block_nr: cfg.rx_blocks as u32,
-            tp_frame_size: frame_size as u32,
-            tp_frame_nr: ((cfg.rx_block_size / frame_size) * cfg.rx_blocks) as u32,
-            tp_retire_blk_tov: cfg.block_timeout_ms,
-            tp_sizeof_priv: 0,
-            tp_feature_req_word: 0,
+        // The ring must hold a 9 KB frame plus its header in one block.
+        let frame_size = if v3 {
+            16384.min(cfg.rx_block_size)
+        } else {
+            V2_RX_FRAME
         };
-        sys::setsockopt(rx, SOL_PACKET, PACKET_RX_RING, &req, "PACKET_RX_RING")?;
+        if v3 {
+            let req = libc::tpacket_req3 {
+                tp_block_size: cfg.rx_block_size as u32,
+                tp_block_nr: cfg.rx_blocks as u32,
+                tp_frame_size: frame_size as u32,
+                tp_frame_nr: ((cfg.rx_block_size / frame_size) * cfg.rx_blocks) as u32,
+                tp_retire_blk_tov: cfg.block_timeout_ms,
+                tp_sizeof_priv: 0,
+                tp_feature_req_word: 0,
+            };
+            sys::setsockopt(rx, SOL_PACKET, PACKET_RX_RING, &req, "PACKET_RX_RING")?;
+        } else {
+            if cfg.rx_block_size < V2_RX_FRAME {
+                return Err(NicError::Config(format!(
+                    "V2 RX needs rx_block_size >= {V2_RX_FRAME}"
+                )));
+            }
+            let req = libc::tpacket_req {
+                tp_block_size: cfg.rx_block_size as u32,
+                tp_block_nr: cfg.rx_blocks as u32,
+                tp_frame_size: V2_RX_FRAME as u32,
+                tp_frame_nr: ((cfg.rx_block_size / V2_RX_FRAME) * cfg.rx_blocks) as u32,
+            };
+            sys::setsockopt(rx, SOL_PACKET, PACKET_RX_RING, &req, "PACKET_RX_RING")?;
+        }
         let rx_ring = Mmap::new(rx, cfg.rx_block_size * cfg.rx_blocks)?;
         bind_packet(rx, ifindex, ETH_P_ALL)?;
 
@@ -464,6 +531,43 @@ impl AfPacketIo {
         self.tx_ring.len / self.tx_frame_size
     }
 
+    /// TPACKET_V2 receive: one frame per slot, slots in ring order.
+    fn recv_v2(&mut self, max: usize, sink: &mut RxSink<'_>) -> usize {
+        let slots = self.rx_ring.len / V2_RX_FRAME;
+        let mut n = 0;
+        while n < max && slots > 0 {
+            let hdr = self.rx_block * V2_RX_FRAME;
+            let status = self.rx_ring.read_u32(hdr + T2_STATUS);
+            if status & TP_STATUS_USER == 0 {
+                break;
+            }
+            let snaplen = self.rx_ring.read_u32(hdr + T2_SNAPLEN) as usize;
+            let mac_off = usize::from(self.rx_ring.read_u16(hdr + T2_MAC));
+            let vlan = (status & TP_STATUS_VLAN_VALID != 0).then(|| {
+                let tpid = if status & TP_STATUS_VLAN_TPID_VALID != 0 {
+                    self.rx_ring.read_u16(hdr + T2_VLAN_TPID)
+                } else {
+                    0x8100
+                };
+                (tpid, self.rx_ring.read_u16(hdr + T2_VLAN_TCI))
+            });
+            match self.rx_ring.slice(hdr + mac_off, snaplen) {
+                Some(f) if mac_off + snaplen <= V2_RX_FRAME => {
+                    let len = deliver(f, vlan, &mut self.scratch, sink);
+                    self.stats.rx_frames += 1;
+                    self.stats.rx_bytes += len as u64;
+                    n += 1;
+                }
+                _ => self.stats.rx_dropped += 1,
+            }
+            if let Some(a) = self.rx_ring.atomic_u32(hdr + T2_STATUS) {
+                a.store(TP_STATUS_KERNEL, Ordering::Release);
+            }
+            self.rx_block = (self.rx_block + 1) % slots;
+        }
+        n
+    }
+
     fn kick(&mut self) {
         // Zero-length send: the kernel sends every SEND_REQUEST slot.
         // SAFETY: no buffer is passed; the fd is our TX packet socket.
@@ -493,6 +597,9 @@ impl PacketIo for AfPacketIo {
     }
 
     fn recv(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {
+        if self.cfg.rx_ring == RxRing::V2 {
+            return Ok(self.recv_v2(max, sink));
+        }
         let bs = self.cfg.rx_block_size;
         let mut n = 0;
         while n < max {
@@ -514,29 +621,18 @@ impl PacketIo for AfPacketIo {
                 let pstatus = self.rx_ring.read_u32(hdr + T3_STATUS);
                 let mac_off = usize::from(self.rx_ring.read_u16(hdr + T3_MAC));
                 let next = self.rx_ring.read_u32(hdr + T3_NEXT_OFFSET) as usize;
-                if let Some(f) = self.rx_ring.slice(hdr + mac_off, snaplen) {
-                    if pstatus & TP_STATUS_VLAN_VALID != 0 && f.len() >= 12 {
-                        // The NIC/veth stripped the tag into metadata: put it
-                        // back so the layers above see the frame as sent.
-                        let tci = self.rx_ring.read_u32(hdr + T3_VLAN_TCI) as u16;
-                        let tpid = if pstatus & TP_STATUS_VLAN_TPID_VALID != 0 {
-                            self.rx_ring.read_u16(hdr + T3_VLAN_TPID)
-                        } else {
-                            0x8100
-                        };
-                        let out = &mut self.scratch;
-                        out.clear();
-                        out.extend_from_slice(&f[..12]);
-                        out.extend_from_slice(&tpid.to_be_bytes());
-                        out.extend_from_slice(&tci.to_be_bytes());
-                        out.extend_from_slice(&f[12..]);
-                        sink(out);
-                        self.stats.rx_bytes += out.len() as u64;
+                let vlan = (pstatus & TP_STATUS_VLAN_VALID != 0).then(|| {
+                    let tpid = if pstatus & TP_STATUS_VLAN_TPID_VALID != 0 {
+                        self.rx_ring.read_u16(hdr + T3_VLAN_TPID)
                     } else {
-                        sink(f);
-                        self.stats.rx_bytes += f.len() as u64;
-                    }
+                        0x8100
+                    };
+                    (tpid, self.rx_ring.read_u32(hdr + T3_VLAN_TCI) as u16)
+                });
+                if let Some(f) = self.rx_ring.slice(hdr + mac_off, snaplen) {
+                    let len = deliver(f, vlan, &mut self.scratch, sink);
                     self.stats.rx_frames += 1;
+                    self.stats.rx_bytes += len as u64;
                     n += 1;
                 } else {
                     self.stats.rx_dropped += 1;

@@ -8,7 +8,7 @@ mod common;
 use std::net::SocketAddr;
 
 use common::*;
-use ferroce_nic::afpacket::{AfPacketConfig, AfPacketIo};
+use ferroce_nic::afpacket::{AfPacketConfig, AfPacketIo, RxRing};
 use ferroce_nic::afxdp::{AfXdpConfig, AfXdpIo};
 use ferroce_nic::frame::ROCE_V2_PORT;
 use ferroce_nic::mem;
@@ -76,6 +76,18 @@ fn open_afxdp(ifname: &str, _e: End) -> Result<Io, ferroce_nic::NicError> {
 
 fn afxdp_pair(v6: bool) -> Option<Pair> {
     netns_pair(v6, open_afxdp)
+}
+
+fn open_afpacket_v2(ifname: &str, _e: End) -> Result<Io, ferroce_nic::NicError> {
+    let mut c = AfPacketConfig::new(ifname);
+    c.rx_ring = RxRing::V2;
+    c.rx_block_size = 64 << 10;
+    c.rx_blocks = 256;
+    Ok(Box::new(AfPacketIo::open(c)?))
+}
+
+fn afpacket_v2_pair(v6: bool) -> Option<Pair> {
+    netns_pair(v6, open_afpacket_v2)
 }
 
 fn udp_pair(v6: bool) -> Option<Pair> {
@@ -160,4 +172,5 @@ macro_rules! conformance {
 conformance!(mem_backend, mem_pair, 1024);
 conformance!(udp_backend, udp_pair, 1024);
 conformance!(afpacket_backend, afpacket_pair, 1024);
+conformance!(afpacket_v2_backend, afpacket_v2_pair, 1024);
 conformance!(afxdp_backend, afxdp_pair, 1024);
