@@ -4,4 +4,16 @@
 //! rdma-core and perftest tools, and the independent dissectors and encoders
 //! tshark and scapy. Tests here skip with a clear message when the tool they
 //! need (root, QEMU, tshark, python3 with scapy) is missing.
+//!
+//! - [`image`]: the VM image cache (`vm/build-image.sh`).
+//! - [`vm`]: [`vm::RxeVm`] and [`vm::RxeLab`], VMs with rxe on a bridge in a private namespace.
+//! - [`capture`]: tcpdump on the lab's interfaces.
 #![forbid(unsafe_code)]
+
+pub mod capture;
+pub mod image;
+pub mod vm;
+
+pub use capture::{Capture, CaptureStats};
+pub use image::Image;
+pub use vm::{Error, Output, RxeLab, RxeVm, VmConfig, VmJob};

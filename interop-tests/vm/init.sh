@@ -66,6 +66,13 @@ done
 [ "$i" -lt 200 ] || fail "rxe0 not ACTIVE with an IPv4 GID"
 
 echo "ferroce-init: setup $status" >/dev/console
+# A shell for humans on the console (`ferroce-interop shell`); harmless when nobody is attached.
+(
+    while true; do
+        ENV=/etc/ferroce-preamble setsid cttyhack sh -i </dev/ttyS0 >/dev/ttyS0 2>&1
+        sleep 1
+    done
+) &
 while true; do
     /usr/local/bin/ferroce-agent /dev/ttyS1 "$status"
     echo "ferroce-init: agent exited, restarting" >/dev/console

@@ -1,0 +1,102 @@
+//! `ferroce-interop`: the rxe VM for humans.
+//!
+//! - `build [--force]`: build the VM image cache.
+//! - `shell`: boot a VM with rxe0 and attach this terminal to its console (Ctrl-A X, or
+//!   `poweroff -f` in the VM, to leave).
+//! - `run <command>`: boot a VM, run one command, print its output, exit with its status.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use ferroce_interop::image::{build_script, default_cache_dir};
+use ferroce_interop::vm::{Console, RxeVm, VmConfig};
+
+#[derive(Parser, Debug)]
+#[command(about = "Linux rxe in a QEMU VM, for interop tests of ferroce")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Build the VM image cache (kernel, initramfs) if it is not complete.
+    Build {
+        /// Rebuild even when the cache is complete.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Boot a VM and attach this terminal to its console shell.
+    Shell,
+    /// Boot a VM, run a shell command in it, print its output.
+    Run {
+        /// The command (a busybox sh script).
+        command: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ferroce-interop: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode, ferroce_interop::Error> {
+    match cli.cmd {
+        Cmd::Build { force } => {
+            let mut cmd = std::process::Command::new("bash");
+            cmd.arg(build_script())
+                .env("FERROCE_RXE_VM_CACHE", default_cache_dir());
+            if force {
+                cmd.arg("--force");
+            }
+            let status = cmd
+                .status()
+                .map_err(|e| ferroce_interop::Error::Io {
+                    what: "running vm/build-image.sh".into(),
+                    source: e,
+                })?;
+            Ok(if status.success() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Cmd::Shell => {
+            eprintln!("booting the rxe VM (TCG; ~6 s)...");
+            let config = VmConfig {
+                console: Console::Interactive,
+                ..VmConfig::default()
+            };
+            let vm = RxeVm::boot(&config)?;
+            eprintln!(
+                "\r\nready in {:.1} s: {} eth0 {} / {}, rxe0 GID[1] {}; namespace {} (tap {}); \
+                 host veth-h 10.77.0.1; /mnt/host = {}\r\npress Enter for a shell; Ctrl-A X or \
+                 `poweroff -f` to leave\r",
+                vm.boot_time().as_secs_f64(),
+                vm.name(),
+                vm.ip(),
+                vm.ipv6(),
+                vm.gid(1).map(|g| g.to_string()).unwrap_or_default(),
+                vm.netns(),
+                vm.tap(),
+                vm.share_dir().display(),
+            );
+            vm.wait_exit()?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Run { command } => {
+            let vm = RxeVm::boot(&VmConfig::default())?;
+            eprintln!("booted {} in {:.1} s", vm.name(), vm.boot_time().as_secs_f64());
+            let out = vm.run(&command.join(" "))?;
+            print!("{}", out.stdout_str());
+            eprint!("{}", out.stderr_str());
+            Ok(ExitCode::from(u8::try_from(out.status).unwrap_or(1)))
+        }
+    }
+}
