@@ -1,8 +1,8 @@
 //! Neighbour resolution for the raw backends: the peer MAC for a destination
 //! IP, from the kernel's neighbour table (what rxe gets through the kernel's
-//! route/neighbour lookup). First step: read `ip neigh` (iproute2) rather than
-//! speak rtnetlink; resolution is triggered by a UDP datagram to the discard
-//! port, which makes the kernel run ARP / neighbour discovery.
+//! route/neighbour lookup). Read with an rtnetlink RTM_GETNEIGH dump (falling
+//! back to parsing `ip neigh`); resolution is triggered by a UDP datagram to
+//! the discard port, which makes the kernel run ARP / neighbour discovery.
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
@@ -23,11 +23,137 @@ pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
 /// The MAC the kernel has for `ip` on `ifname`, if its entry is usable
 /// (anything with a link-layer address except FAILED / INCOMPLETE).
 pub fn lookup(ip: IpAddr, ifname: &str) -> Result<Option<[u8; 6]>, NicError> {
-    let out = run(
-        "ip",
-        &["neigh", "show", "to", &ip.to_string(), "dev", ifname],
-    )?;
-    Ok(parse_neigh_line(&out))
+    let ifindex = crate::sys::if_index(ifname)?;
+    match lookup_netlink(ip, ifindex) {
+        Ok(m) => Ok(m),
+        Err(e) => {
+            tracing::debug!("rtnetlink neighbour dump failed ({e}); asking `ip neigh`");
+            let out = run(
+                "ip",
+                &["neigh", "show", "to", &ip.to_string(), "dev", ifname],
+            )?;
+            Ok(parse_neigh_line(&out))
+        }
+    }
+}
+
+// linux/netlink.h, linux/rtnetlink.h, linux/neighbour.h
+const RTM_NEWNEIGH: u16 = 28;
+const RTM_GETNEIGH: u16 = 30;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLM_F_REQUEST: u16 = 0x01;
+const NLM_F_DUMP: u16 = 0x300;
+const NDA_DST: u16 = 1;
+const NDA_LLADDR: u16 = 2;
+const NUD_INCOMPLETE: u16 = 0x01;
+const NUD_FAILED: u16 = 0x20;
+const NLMSG_HDRLEN: usize = 16;
+const NDMSG_LEN: usize = 12;
+
+fn align4(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+/// RTM_GETNEIGH dump of one family, filtered here by interface and address.
+pub fn lookup_netlink(ip: IpAddr, ifindex: u32) -> Result<Option<[u8; 6]>, NicError> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain syscall.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE,
+        )
+    };
+    let fd = crate::sys::owned(fd, "socket(NETLINK_ROUTE)")?;
+    let family = if ip.is_ipv6() {
+        libc::AF_INET6
+    } else {
+        libc::AF_INET
+    } as u8;
+    let mut req = [0u8; NLMSG_HDRLEN + NDMSG_LEN];
+    req[0..4].copy_from_slice(&((NLMSG_HDRLEN + NDMSG_LEN) as u32).to_ne_bytes());
+    req[4..6].copy_from_slice(&RTM_GETNEIGH.to_ne_bytes());
+    req[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+    req[8..12].copy_from_slice(&1u32.to_ne_bytes()); // seq
+    req[NLMSG_HDRLEN] = family; // ndm_family
+                                // SAFETY: req is a complete request; the kernel is the destination (no address needed).
+    let r = unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
+    if r < 0 {
+        return Err(NicError::last_os("send RTM_GETNEIGH"));
+    }
+    let want: Vec<u8> = match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    };
+    let mut buf = vec![0u8; 1 << 16];
+    let mut found = None;
+    loop {
+        // SAFETY: buf has room for buf.len() bytes.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(NicError::last_os("recv rtnetlink"));
+        }
+        if n == 0 {
+            return Ok(found);
+        }
+        let data = &buf[..n as usize];
+        let mut off = 0;
+        while let Some(h) = data.get(off..off + NLMSG_HDRLEN) {
+            let len = u32::from_ne_bytes([h[0], h[1], h[2], h[3]]) as usize;
+            let ty = u16::from_ne_bytes([h[4], h[5]]);
+            if len < NLMSG_HDRLEN || off + len > data.len() {
+                return Err(NicError::Malformed("rtnetlink message length"));
+            }
+            match ty {
+                NLMSG_DONE => return Ok(found),
+                NLMSG_ERROR => return Err(NicError::Malformed("rtnetlink error reply")),
+                RTM_NEWNEIGH => {
+                    if let Some(m) =
+                        parse_newneigh(&data[off + NLMSG_HDRLEN..off + len], ifindex, &want)
+                    {
+                        found = Some(m);
+                    }
+                }
+                _ => {}
+            }
+            off += align4(len);
+        }
+    }
+}
+
+/// One RTM_NEWNEIGH body: the MAC if it is for `ifindex` / `want` and usable.
+fn parse_newneigh(body: &[u8], ifindex: u32, want: &[u8]) -> Option<[u8; 6]> {
+    let nd = body.get(..NDMSG_LEN)?;
+    let idx = i32::from_ne_bytes([nd[4], nd[5], nd[6], nd[7]]);
+    let state = u16::from_ne_bytes([nd[8], nd[9]]);
+    if idx as u32 != ifindex || state & (NUD_INCOMPLETE | NUD_FAILED) != 0 {
+        return None;
+    }
+    let (mut dst, mut lladdr) = (None, None);
+    let mut off = NDMSG_LEN;
+    while let Some(a) = body.get(off..off + 4) {
+        let alen = usize::from(u16::from_ne_bytes([a[0], a[1]]));
+        let aty = u16::from_ne_bytes([a[2], a[3]]);
+        if alen < 4 {
+            break;
+        }
+        let val = body.get(off + 4..off + alen)?;
+        match aty {
+            NDA_DST => dst = Some(val),
+            NDA_LLADDR => lladdr = Some(val),
+            _ => {}
+        }
+        off += align4(alen);
+    }
+    if dst? != want {
+        return None;
+    }
+    let l = lladdr?;
+    let mut mac = [0u8; 6];
+    mac.copy_from_slice(l.get(..6)?);
+    (l.len() == 6).then_some(mac)
 }
 
 fn parse_neigh_line(out: &str) -> Option<[u8; 6]> {
@@ -82,6 +208,30 @@ pub fn resolve(ip: IpAddr, ifname: &str, timeout: Duration) -> Result<[u8; 6], N
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn newneigh_parser_never_panics() {
+        // ndmsg (family 2, ifindex 3, state REACHABLE) + NDA_DST + NDA_LLADDR
+        let mut m = vec![2, 0, 0, 0];
+        m.extend_from_slice(&3i32.to_ne_bytes());
+        m.extend_from_slice(&2u16.to_ne_bytes());
+        m.extend_from_slice(&[0, 1]);
+        m.extend_from_slice(&8u16.to_ne_bytes());
+        m.extend_from_slice(&1u16.to_ne_bytes());
+        m.extend_from_slice(&[198, 18, 0, 2]);
+        m.extend_from_slice(&10u16.to_ne_bytes());
+        m.extend_from_slice(&2u16.to_ne_bytes());
+        m.extend_from_slice(&[2, 0xfe, 0, 0, 0, 2, 0, 0]);
+        assert_eq!(
+            parse_newneigh(&m, 3, &[198, 18, 0, 2]),
+            Some([2, 0xfe, 0, 0, 0, 2])
+        );
+        assert_eq!(parse_newneigh(&m, 4, &[198, 18, 0, 2]), None);
+        assert_eq!(parse_newneigh(&m, 3, &[198, 18, 0, 3]), None);
+        for n in 0..m.len() {
+            let _ = parse_newneigh(&m[..n], 3, &[198, 18, 0, 2]);
+        }
+    }
 
     #[test]
     fn parses_ip_neigh_output() {

@@ -107,6 +107,17 @@ fn neighbour_resolution_with_and_without_static_entries() {
                 .unwrap()
                 .unwrap();
             assert_eq!(got, want, "{ip} static={static_neighbours}");
+            // The rtnetlink path itself (not the `ip neigh` fallback) finds it.
+            let direct = t
+                .run_in(0, move || {
+                    let c = std::ffi::CString::new("veth0").unwrap();
+                    // SAFETY: valid C string.
+                    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+                    neigh::lookup_netlink(ip, idx)
+                })
+                .unwrap()
+                .unwrap();
+            assert_eq!(direct, Some(want));
         }
     }
 }
