@@ -276,3 +276,50 @@ pub fn is_root() -> bool {
 pub fn wait_readable(fd: RawFd, timeout: Option<Duration>) -> Result<bool, NicError> {
     sys::poll_readable(fd, timeout)
 }
+
+/// Opens a backend from a short spec, for command lines:
+/// `udp:<ip>:<port>` (`udp:[::]:4791` is dual-stack), `afpacket:<ifname>`,
+/// `afpacket-v2:<ifname>` (latency), `afxdp:<ifname>`, `afxdp-skb:<ifname>`.
+/// Raw backends open in the calling thread's network namespace.
+pub fn open(spec: &str) -> Result<Box<dyn PacketIo>, NicError> {
+    let (kind, arg) = spec
+        .split_once(':')
+        .ok_or_else(|| NicError::Config(format!("backend spec {spec:?}: expected KIND:ARG")))?;
+    Ok(match kind {
+        "udp" => {
+            let addr: std::net::SocketAddr = arg
+                .parse()
+                .map_err(|_| NicError::Config(format!("udp address {arg:?}")))?;
+            Box::new(udp::UdpIo::bind(udp::UdpConfig::new(addr))?)
+        }
+        "afpacket" => Box::new(afpacket::AfPacketIo::open(afpacket::AfPacketConfig::new(
+            arg,
+        ))?),
+        "afpacket-v2" => {
+            let mut c = afpacket::AfPacketConfig::new(arg);
+            c.rx_ring = afpacket::RxRing::V2;
+            c.rx_block_size = 64 << 10;
+            c.rx_blocks = 256;
+            Box::new(afpacket::AfPacketIo::open(c)?)
+        }
+        "afxdp" => Box::new(afxdp::AfXdpIo::open(afxdp::AfXdpConfig::new(arg))?),
+        "afxdp-skb" => {
+            let mut c = afxdp::AfXdpConfig::new(arg);
+            c.mode = afxdp::XdpMode::Skb;
+            Box::new(afxdp::AfXdpIo::open(c)?)
+        }
+        other => return Err(NicError::Config(format!("unknown backend {other:?}"))),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn open_specs() {
+        let io = super::open("udp:127.0.0.1:0").unwrap();
+        assert_eq!(io.kind(), "udp");
+        assert!(super::open("udp").is_err());
+        assert!(super::open("carrier-pigeon:x").is_err());
+        assert!(super::open("afpacket:no-such-if0").is_err());
+    }
+}
