@@ -140,3 +140,72 @@ fn garbage_frames_are_counted_not_sent() {
     assert_eq!(a.stats().tx_dropped, 1);
     assert_eq!(a.stats().tx_frames, 0);
 }
+
+#[test]
+fn works_without_privileges() {
+    if std::env::var_os("FRC_UNPRIV_CHILD").is_some() {
+        // Child: drop to nobody, then the UDP backend must still work and the
+        // raw ones must say they need privileges.
+        // SAFETY: plain syscalls on this (single-purpose) child process.
+        unsafe {
+            assert_eq!(libc::setgroups(0, std::ptr::null()), 0);
+            assert_eq!(libc::setgid(65534), 0);
+            assert_eq!(libc::setuid(65534), 0);
+        }
+        assert!(!ferroce_nic::is_root());
+        roundtrip("127.0.0.1:0", "127.0.0.1:0", |_| {});
+        let e = ferroce_nic::open("afpacket:lo")
+            .err()
+            .expect("AF_PACKET refused");
+        assert!(matches!(e, ferroce_nic::NicError::NeedsPrivilege(_)), "{e}");
+        println!("UNPRIV-OK");
+        return;
+    }
+    if !ferroce_nic::is_root() {
+        // Already unprivileged: the plain tests above prove the point.
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["works_without_privileges", "--exact", "--nocapture"])
+        .env("FRC_UNPRIV_CHILD", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("UNPRIV-OK"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn fault_middleware_over_a_real_backend() {
+    use ferroce_nic::{FaultConfig, FaultIo};
+    let a = open("127.0.0.1:0", |_| {});
+    let b = open("127.0.0.1:0", |_| {});
+    let frames: Vec<Vec<u8>> = (0..200).map(|i| frame_to(&a, &b, i, 200, 0)).collect();
+    let mut a = a;
+    let mut b = FaultIo::new(
+        b,
+        FaultConfig {
+            loss: 0.25,
+            delay: Duration::from_millis(2),
+            ..FaultConfig::default()
+        },
+    )
+    .unwrap();
+    for f in &frames {
+        a.send_frames(&[f]).unwrap();
+    }
+    let mut got = Vec::new();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(500) {
+        if b.recv_owned(64, &mut got).unwrap() == 0 {
+            b.wait(Some(Duration::from_millis(20))).unwrap();
+        }
+    }
+    let lost = b.fault_stats().lost as usize;
+    assert!(lost > 20 && lost < 90, "{lost}");
+    assert_eq!(got.len() + lost, 200);
+    assert_eq!(b.stats().rx_dropped, lost as u64);
+}
