@@ -23,6 +23,7 @@ const SOL_PACKET: libc::c_int = 263;
 const PACKET_RX_RING: libc::c_int = 5;
 const PACKET_STATISTICS: libc::c_int = 6;
 const PACKET_VERSION: libc::c_int = 10;
+const PACKET_LOSS: libc::c_int = 14;
 const PACKET_TX_RING: libc::c_int = 13;
 const PACKET_QDISC_BYPASS: libc::c_int = 20;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
@@ -263,6 +264,7 @@ pub struct AfPacketIo {
     rx_off: usize,
     tx_head: usize,
     tx_frame_size: usize,
+    mtu: usize,
     _sink: Option<OwnedFd>,
     scratch: Vec<u8>,
     stats: Stats,
@@ -478,6 +480,9 @@ impl AfPacketIo {
             &TPACKET_V2,
             "PACKET_VERSION V2",
         )?;
+        // Skip (rather than stop at) a frame the kernel refuses, so one bad
+        // frame cannot stall the ring behind it.
+        sys::setsockopt(tx, SOL_PACKET, PACKET_LOSS, &one, "PACKET_LOSS")?;
         if cfg.qdisc_bypass {
             sys::setsockopt(
                 tx,
@@ -515,6 +520,7 @@ impl AfPacketIo {
             rx_off: 0,
             tx_head: 0,
             tx_frame_size,
+            mtu,
             _sink: if cfg.sink_socket {
                 sink_socket(cfg.port)
             } else {
@@ -689,7 +695,9 @@ impl PacketIo for AfPacketIo {
                 break;
             };
             n += 1;
-            if len > max_len || len < 14 {
+            if len > max_len || !crate::frame::fits_mtu(buf, len, self.mtu) {
+                // The kernel would refuse it (and, without PACKET_LOSS, stall
+                // the ring on it): drop it here.
                 self.stats.tx_dropped += 1;
                 continue;
             }

@@ -143,6 +143,21 @@ pub fn parse_udp(frame: &[u8]) -> Result<FrameInfo, NicError> {
     })
 }
 
+/// Whether a `len`-byte frame starting with `head` fits a link of `mtu`:
+/// an untagged frame may carry `mtu` bytes after its 14-byte Ethernet header,
+/// one with an 802.1Q/802.1ad tag 4 bytes more (the kernel's own rule,
+/// net/packet/af_packet.c packet_extra_vlan_len_allowed). Too short → false.
+pub fn fits_mtu(head: &[u8], len: usize, mtu: usize) -> bool {
+    if len < ETH_HLEN || head.len() < ETH_HLEN {
+        return false;
+    }
+    let tagged = matches!(
+        u16::from_be_bytes([head[12], head[13]]),
+        ETH_P_8021Q | ETH_P_8021AD
+    );
+    len <= ETH_HLEN + mtu + if tagged { 4 } else { 0 }
+}
+
 /// Length of the Ethernet/IP/UDP headers `write_headers` emits.
 pub fn header_len(ipv6: bool) -> usize {
     ETH_HLEN + if ipv6 { IPV6_HLEN } else { IPV4_HLEN } + UDP_HLEN
@@ -331,6 +346,18 @@ mod tests {
         let i = parse_udp(&f).unwrap();
         assert_eq!((i.tos, i.ttl, i.payload_len), (2, 64, 3));
         assert_eq!(i.dst, "[fd00::2]:4791".parse().unwrap());
+    }
+
+    #[test]
+    fn mtu_rule_allows_four_more_bytes_when_tagged() {
+        let mut f = vec![0u8; 9018];
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        assert!(fits_mtu(&f, 9014, 9000));
+        assert!(!fits_mtu(&f, 9015, 9000));
+        f[12..14].copy_from_slice(&[0x81, 0x00]);
+        assert!(fits_mtu(&f, 9018, 9000));
+        assert!(!fits_mtu(&f, 9019, 9000));
+        assert!(!fits_mtu(&f[..10], 10, 9000));
     }
 
     #[test]

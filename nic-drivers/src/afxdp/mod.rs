@@ -310,6 +310,16 @@ impl<T: Copy> Ring<T> {
     }
 }
 
+/// `len` bytes of the UMEM at `addr`, if in bounds.
+fn map_slice(m: &Map, addr: usize, len: usize) -> Option<&[u8]> {
+    if addr.checked_add(len)? > m.len {
+        return None;
+    }
+    // SAFETY: in bounds; the chunk is ours while its RX descriptor is held
+    // (it goes back to the fill ring only after the sink returns).
+    Some(unsafe { std::slice::from_raw_parts(m.ptr.add(addr), len) })
+}
+
 /// One AF_XDP socket bound to one queue, with its own UMEM.
 #[derive(Debug)]
 struct Xsk {
@@ -433,14 +443,6 @@ impl Xsk {
         (self.rx_chunks + slot as usize * TX_SLOT_CHUNKS) * CHUNK
     }
 
-    fn umem_slice(&self, addr: usize, len: usize) -> Option<&[u8]> {
-        if addr.checked_add(len)? > self.umem.len {
-            return None;
-        }
-        // SAFETY: in bounds; the chunk is ours while its descriptor is held.
-        Some(unsafe { std::slice::from_raw_parts(self.umem.ptr.add(addr), len) })
-    }
-
     fn umem_slice_mut(&mut self, addr: usize, len: usize) -> Option<&mut [u8]> {
         if addr.checked_add(len)? > self.umem.len {
             return None;
@@ -510,6 +512,7 @@ pub struct AfXdpIo {
     epoll: Option<OwnedFd>,
     mac: [u8; 6],
     max_frame_len: usize,
+    mtu: usize,
     mode: &'static str,
     next_rx: usize,
     stats: Stats,
@@ -643,6 +646,7 @@ impl AfXdpIo {
             epoll,
             mac,
             max_frame_len: (mtu + 18).min(TX_SLOT_CHUNKS * CHUNK),
+            mtu,
             mode,
             next_rx: 0,
             stats: Stats::default(),
@@ -701,7 +705,8 @@ impl PacketIo for AfXdpIo {
                 let Some(d) = x.rx.pop() else { break };
                 let addr = d.addr as usize;
                 let contd = d.options & XDP_PKT_CONTD != 0;
-                match x.umem_slice(addr, d.len as usize) {
+                // Borrow the UMEM field alone so `partial` stays writable.
+                match map_slice(&x.umem, addr, d.len as usize) {
                     Some(data) if !contd && !x.in_frame => {
                         sink(data);
                         self.stats.rx_frames += 1;
@@ -710,12 +715,11 @@ impl PacketIo for AfXdpIo {
                         counted += 1;
                     }
                     Some(data) => {
-                        // Multi-buffer frame: gather the pieces (copy).
-                        let data = data.to_vec();
+                        // Multi-buffer frame: gather the pieces (one copy).
                         if !x.in_frame {
                             x.partial.clear();
                         }
-                        x.partial.extend_from_slice(&data);
+                        x.partial.extend_from_slice(data);
                         x.in_frame = contd;
                         if !contd {
                             sink(&x.partial);
@@ -757,6 +761,7 @@ impl PacketIo for AfXdpIo {
 
     fn transmit(&mut self, max: usize, fill: &mut TxFill<'_>) -> Result<usize, NicError> {
         let max_len = self.max_frame_len;
+        let mtu = self.mtu;
         let Some(x) = self.xsks.first_mut() else {
             return Ok(0);
         };
@@ -793,7 +798,7 @@ impl PacketIo for AfXdpIo {
                 break;
             };
             n += 1;
-            if len > max_len || len < 14 {
+            if len > max_len || !crate::frame::fits_mtu(buf, len, mtu) {
                 x.tx_free.push(slot);
                 self.stats.tx_dropped += 1;
                 continue;
