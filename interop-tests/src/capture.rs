@@ -38,15 +38,22 @@ impl Capture {
         // -Z root: tcpdump would otherwise drop privileges and fail to write the file.
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", netns, "tcpdump", "-i", iface])
-            .args(["-n", "-s", "0", "-U", "--immediate-mode", "-Z", "root", "-w"])
+            .args([
+                "-n",
+                "-s",
+                "0",
+                "-U",
+                "--immediate-mode",
+                "-Z",
+                "root",
+                "-w",
+            ])
             .arg(path)
             .args(filter.split_whitespace())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file);
-        let child = cmd
-            .spawn()
-            .map_err(|e| Error::io("starting tcpdump", e))?;
+        let child = cmd.spawn().map_err(|e| Error::io("starting tcpdump", e))?;
         let mut cap = Capture {
             child: Some(child),
             path: path.to_path_buf(),

@@ -55,12 +55,10 @@ fn run(cli: Cli) -> Result<ExitCode, ferroce_interop::Error> {
             if force {
                 cmd.arg("--force");
             }
-            let status = cmd
-                .status()
-                .map_err(|e| ferroce_interop::Error::Io {
-                    what: "running vm/build-image.sh".into(),
-                    source: e,
-                })?;
+            let status = cmd.status().map_err(|e| ferroce_interop::Error::Io {
+                what: "running vm/build-image.sh".into(),
+                source: e,
+            })?;
             Ok(if status.success() {
                 ExitCode::SUCCESS
             } else {
@@ -92,7 +90,11 @@ fn run(cli: Cli) -> Result<ExitCode, ferroce_interop::Error> {
         }
         Cmd::Run { command } => {
             let vm = RxeVm::boot(&VmConfig::default())?;
-            eprintln!("booted {} in {:.1} s", vm.name(), vm.boot_time().as_secs_f64());
+            eprintln!(
+                "booted {} in {:.1} s",
+                vm.name(),
+                vm.boot_time().as_secs_f64()
+            );
             let out = vm.run(&command.join(" "))?;
             print!("{}", out.stdout_str());
             eprint!("{}", out.stderr_str());

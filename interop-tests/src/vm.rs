@@ -88,7 +88,9 @@ pub enum Error {
         after: Duration,
     },
     /// A command in the VM exited with a non-zero status (from [`RxeVm::run_ok`] / [`Output::check`]).
-    #[error("`{cmd}` exited with status {status}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}")]
+    #[error(
+        "`{cmd}` exited with status {status}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+    )]
     Failed {
         /// The command.
         cmd: String,
@@ -356,7 +358,15 @@ impl LabNet {
         // nodad: the address (and a ferroce GID on it) is usable at once.
         ip_ns(
             &ns,
-            &["-6", "addr", "add", "fd77::1/64", "dev", HOST_IFACE, "nodad"],
+            &[
+                "-6",
+                "addr",
+                "add",
+                "fd77::1/64",
+                "dev",
+                HOST_IFACE,
+                "nodad",
+            ],
         )?;
         ip_ns(&ns, &["link", "set", HOST_IFACE, "up"])?;
         Ok(net)
@@ -574,10 +584,9 @@ impl Ctl {
                     return Ok((bytes, msg.arg));
                 }
                 Some(msg) => {
-                    return Err(self.protocol(format!(
-                        "job {id}: {} {} inside output",
-                        msg.id, msg.word
-                    )))
+                    return Err(
+                        self.protocol(format!("job {id}: {} {} inside output", msg.id, msg.word))
+                    )
                 }
                 None => text.extend(line.iter().filter(|b| !b.is_ascii_whitespace())),
             }
@@ -857,7 +866,12 @@ impl Drop for RxeVm {
                 let _ = self.ctl.poweroff(Duration::from_secs(3));
             }
             // Closing the watchdog's stdin makes it SIGKILL QEMU if the power-off did not end it.
-            drop(self.watchdog.lock().unwrap_or_else(|e| e.into_inner()).take());
+            drop(
+                self.watchdog
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take(),
+            );
             let deadline = Instant::now() + Duration::from_secs(5);
             loop {
                 match child.try_wait() {
@@ -937,10 +951,7 @@ fn boot_in(net: &Arc<LabNet>, index: usize, config: &VmConfig, image: &Image) ->
         "-device".into(),
         format!("virtio-net-pci,netdev=n0,mac={mac}"),
         "-fsdev".into(),
-        format!(
-            "local,id=fs0,path={},security_model=none",
-            path_str(&share)
-        ),
+        format!("local,id=fs0,path={},security_model=none", path_str(&share)),
         "-device".into(),
         "virtio-9p-pci,fsdev=fs0,mount_tag=host".into(),
     ];
@@ -960,10 +971,7 @@ fn boot_in(net: &Arc<LabNet>, index: usize, config: &VmConfig, image: &Image) ->
     // wait=on: QEMU starts the guest only once we are connected, so no agent line is lost.
     args.extend([
         "-chardev".into(),
-        format!(
-            "socket,id=ctl,path={},server=on,wait=on",
-            path_str(&sock)
-        ),
+        format!("socket,id=ctl,path={},server=on,wait=on", path_str(&sock)),
         "-serial".into(),
         "chardev:ctl".into(),
     ]);
@@ -1009,7 +1017,10 @@ fn boot_in(net: &Arc<LabNet>, index: usize, config: &VmConfig, image: &Image) ->
     let fail = |child: &mut Child, reason: String| -> Error {
         let _ = child.kill();
         let _ = child.wait();
-        let mut console = tail(&std::fs::read_to_string(&console_log).unwrap_or_default(), 40);
+        let mut console = tail(
+            &std::fs::read_to_string(&console_log).unwrap_or_default(),
+            40,
+        );
         let qerr = std::fs::read_to_string(&qemu_err).unwrap_or_default();
         if !qerr.trim().is_empty() {
             console.push_str("\n--- qemu stderr ---\n");
@@ -1174,7 +1185,12 @@ impl RxeLab {
     }
 
     /// Starts tcpdump on `iface` (in the namespace) writing `path`; see [`crate::capture`].
-    pub fn capture(&self, iface: &str, path: &Path, filter: &str) -> Result<crate::capture::Capture> {
+    pub fn capture(
+        &self,
+        iface: &str,
+        path: &Path,
+        filter: &str,
+    ) -> Result<crate::capture::Capture> {
         crate::capture::Capture::start(&self.net.ns, iface, path, filter)
     }
 }
@@ -1261,7 +1277,10 @@ mod tests {
     #[test]
     fn protocol_messages() {
         let m = parse_msg(b"@@F 12 END 0").unwrap();
-        assert_eq!((m.id.as_str(), m.word.as_str(), m.arg.as_str()), ("12", "END", "0"));
+        assert_eq!(
+            (m.id.as_str(), m.word.as_str(), m.arg.as_str()),
+            ("12", "END", "0")
+        );
         let m = parse_msg(b"@@F - READY fail: eth0 up").unwrap();
         assert_eq!(m.arg, "fail: eth0 up");
         assert!(parse_msg(b"hello").is_none());
