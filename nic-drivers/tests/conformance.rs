@@ -211,3 +211,23 @@ fn afpacket_oversize_does_not_stall() {
 fn afxdp_oversize_does_not_stall() {
     oversize_does_not_stall(afxdp_pair);
 }
+
+/// The full count: 1 000 000 frames one way per backend, zero loss.
+/// Ignored by default for CI time; run with `-- --ignored`.
+#[test]
+#[ignore]
+fn one_million_one_way_every_backend() {
+    let pairs: [(&str, fn(bool) -> Option<Pair>); 5] = [
+        ("mem", mem_pair),
+        ("udp", udp_pair),
+        ("afpacket", afpacket_pair),
+        ("afpacket-v2", afpacket_v2_pair),
+        ("afxdp", afxdp_pair),
+    ];
+    for (name, pair) in pairs {
+        let Some(p) = pair(false) else { continue };
+        let (p, el) = bulk(p, 1_000_000, 1024, false);
+        eprintln!("{name}: 1M x 1024 B one way, zero loss, in {el:?}");
+        teardown(p);
+    }
+}
