@@ -14,6 +14,9 @@ use ferroce_nic::frame::ROCE_V2_PORT;
 use ferroce_nic::mem;
 use ferroce_nic::{netns, PacketIo, UdpConfig, UdpIo};
 
+/// Makes a connected pair of one backend (IPv6 addresses when true).
+type PairFn = fn(bool) -> Option<Pair>;
+
 fn mem_pair(_v6: bool) -> Option<Pair> {
     let (a, b) = mem::pair().unwrap();
     let ea = End {
@@ -177,7 +180,7 @@ conformance!(afxdp_backend, afxdp_pair, 1024);
 
 /// A frame one byte over the MTU (untagged) is dropped and counted by the raw
 /// backends, and the frames queued after it still go out (no stalled ring).
-fn oversize_does_not_stall(pair: fn(bool) -> Option<Pair>) {
+fn oversize_does_not_stall(pair: PairFn) {
     let Some(mut p) = pair(false) else { return };
     let ok1 = frame(p.ea, p.eb, 1, 1000);
     let big = frame(p.ea, p.eb, 2, 9015);
@@ -217,7 +220,7 @@ fn afxdp_oversize_does_not_stall() {
 #[test]
 #[ignore]
 fn one_million_one_way_every_backend() {
-    let pairs: [(&str, fn(bool) -> Option<Pair>); 5] = [
+    let pairs: [(&str, PairFn); 5] = [
         ("mem", mem_pair),
         ("udp", udp_pair),
         ("afpacket", afpacket_pair),
