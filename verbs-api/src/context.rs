@@ -60,6 +60,10 @@ pub(crate) struct Shared {
     pub eth_mtu: u32,
     pub gids: Vec<Ipv6Addr>,
     pub ifname: Option<String>,
+    pub netns: Option<String>,
+    /// UDP backend: the port the kernel socket sends from. The ICRC covers
+    /// the UDP source port, so frames must be built with this one.
+    pub udp_sport: Option<u16>,
     pub attr: DeviceAttr,
     next_iova: AtomicU64,
     thread: std::sync::Mutex<Option<JoinHandle<()>>>,
@@ -132,7 +136,7 @@ impl Context {
             _ => device::gid_table(&opened.iface),
         };
         let name = format!("ferroce_{}_{}", opened.backend.name(), opened.iface.name);
-        Self::build(
+        let mut ctx = Self::build(
             opened.io,
             name,
             opened.backend.name(),
@@ -140,7 +144,12 @@ impl Context {
             gids,
             cfg.seed,
             opts,
-        )
+        )?;
+        if let Some(s) = Arc::get_mut(&mut ctx.shared) {
+            s.netns = cfg.netns.clone();
+            s.udp_sport = opened.udp_local.map(|a| a.port());
+        }
+        Ok(ctx)
     }
 
     /// Open a device over any backend (the in-memory switch in tests, say),
@@ -207,6 +216,8 @@ impl Context {
                 eth_mtu,
                 gids,
                 ifname: iface.map(|i| i.name.clone()),
+                netns: None,
+                udp_sport: None,
                 attr,
                 // Page-aligned, far from zero, like a user-space heap address.
                 next_iova: AtomicU64::new(0x5500_0000_0000 + (seed & 0xff_ffff) * 0x10_0000),
@@ -275,12 +286,17 @@ impl Context {
         };
         let dst_mac = match (self.shared.backend, &self.shared.ifname) {
             ("afxdp" | "afpacket", Some(ifname)) => {
-                ferroce_nic::neigh::resolve(dst_ip, ifname, Duration::from_secs(3)).map_err(
-                    |e| Error::Unreachable {
-                        ip: dst_ip,
-                        reason: e.to_string(),
-                    },
-                )?
+                let ifname = ifname.clone();
+                let lookup =
+                    move || ferroce_nic::neigh::resolve(dst_ip, &ifname, Duration::from_secs(3));
+                let r = match &self.shared.netns {
+                    Some(ns) => ferroce_nic::netns::enter_and_run(ns, lookup)?,
+                    None => lookup(),
+                };
+                r.map_err(|e| Error::Unreachable {
+                    ip: dst_ip,
+                    reason: e.to_string(),
+                })?
             }
             ("udp", _) => ferroce_nic::frame::mac_for_ip(dst_ip),
             _ => [0xff; 6],
@@ -290,6 +306,7 @@ impl Context {
             dst_mac,
             sgid,
             dgid,
+            udp_sport: self.shared.udp_sport,
             ..Path::default()
         })
     }

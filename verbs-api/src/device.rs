@@ -201,6 +201,10 @@ pub struct DeviceConfig {
     pub udp_bind: Option<SocketAddr>,
     /// Seed for the keys and PSNs the core draws.
     pub seed: u64,
+    /// The network namespace (under /run/netns) the interface lives in, when
+    /// the device is opened from a thread that entered it: later neighbour
+    /// look-ups run there too.
+    pub netns: Option<String>,
 }
 
 impl DeviceConfig {
@@ -210,6 +214,7 @@ impl DeviceConfig {
             backend,
             udp_bind: None,
             seed: seed_from_os(),
+            netns: None,
         }
     }
 }

@@ -15,8 +15,10 @@ pub mod decode;
 pub mod device;
 pub mod engine;
 pub mod error;
+pub mod exchange;
 pub mod mr;
 pub mod pd;
+pub mod perf;
 pub mod qp;
 pub mod srq;
 

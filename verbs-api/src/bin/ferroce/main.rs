@@ -3,8 +3,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod demo;
+
 use clap::{Parser, Subcommand};
 use ferroce_verbs::decode::{decode_capture, Format};
+use ferroce_verbs::Backend;
 
 #[derive(Parser, Debug)]
 #[command(name = "ferroce", version, about = "Userspace RoCE v2: tools")]
@@ -15,6 +18,14 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Two ferroce hosts: RC ping-pong, WRITE/READ/SEND/atomic bandwidth and
+    /// latency, every byte verified, one table. Root: two network namespaces
+    /// over AF_XDP (falling back to AF_PACKET, then UDP); otherwise UDP on loopback.
+    Demo {
+        /// Packet engine: auto, afxdp, afpacket or udp.
+        #[arg(long, default_value = "auto")]
+        backend: Backend,
+    },
     /// Decode RoCE v2 packets in a pcap/pcapng file and check every ICRC.
     ///
     /// Exit status: 0 if every RoCE packet parses with a correct ICRC, 1 if
@@ -31,6 +42,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Demo { backend } => ExitCode::from(demo::run(backend) as u8),
         Command::Decode { file, json } => {
             let input = match std::fs::File::open(&file) {
                 Ok(f) => std::io::BufReader::new(f),

@@ -1,0 +1,433 @@
+//! The measuring loops behind `ferroce bench` and `ferroce demo`, in the
+//! shape of perftest: bandwidth (a window of outstanding work requests kept
+//! full) and latency (one operation at a time), with the data checked at the
+//! end of every run.
+
+use std::time::{Duration, Instant};
+
+use crate::cq::CompletionQueue;
+use crate::error::{Error, Result};
+use crate::mr::MemoryRegion;
+use crate::qp::QueuePair;
+use crate::{RecvWr, SendOp, SendWr, WcStatus, WorkCompletion};
+
+/// What a run measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PerfOp {
+    Write,
+    Read,
+    Send,
+    /// ib_atomic_bw's default: fetch-and-add.
+    FetchAdd,
+    CompareSwap,
+}
+
+impl PerfOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            PerfOp::Write => "WRITE",
+            PerfOp::Read => "READ",
+            PerfOp::Send => "SEND",
+            PerfOp::FetchAdd => "FETCH_ADD",
+            PerfOp::CompareSwap => "CMP_SWAP",
+        }
+    }
+    fn is_atomic(self) -> bool {
+        matches!(self, PerfOp::FetchAdd | PerfOp::CompareSwap)
+    }
+}
+
+/// Where the peer's buffer is (what the out-of-band exchange told us).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteBuf {
+    pub addr: u64,
+    pub rkey: u32,
+    pub len: u64,
+}
+
+/// Run parameters (perftest's -s, -n, -t, -D).
+#[derive(Debug, Clone, Copy)]
+pub struct PerfParams {
+    pub op: PerfOp,
+    pub size: u32,
+    pub iters: u64,
+    /// Outstanding work requests in bandwidth runs (perftest -t, default 128).
+    pub tx_depth: u32,
+    /// Run for this long instead of `iters` (perftest -D).
+    pub duration: Option<Duration>,
+    /// Give up when no completion arrives for this long.
+    pub timeout: Duration,
+}
+
+impl PerfParams {
+    pub fn new(op: PerfOp, size: u32, iters: u64) -> PerfParams {
+        PerfParams {
+            op,
+            size,
+            iters,
+            tx_depth: 128,
+            duration: None,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PerfResult {
+    pub op: PerfOp,
+    pub size: u32,
+    pub iters: u64,
+    pub elapsed: Duration,
+    /// Latency runs: one sample per iteration, microseconds (one way for
+    /// ping-pong tests, as perftest reports them).
+    pub lat_us: Vec<f64>,
+}
+
+impl PerfResult {
+    pub fn bytes(&self) -> u64 {
+        self.iters * u64::from(self.size)
+    }
+    /// Average bandwidth in MB/s (10^6 bytes, as perftest's "BW average[MB/sec]").
+    pub fn mb_per_sec(&self) -> f64 {
+        let s = self.elapsed.as_secs_f64();
+        if s == 0.0 {
+            return 0.0;
+        }
+        self.bytes() as f64 / s / 1e6
+    }
+    pub fn gbits(&self) -> f64 {
+        self.mb_per_sec() * 8.0 / 1000.0
+    }
+    /// Message rate in millions per second.
+    pub fn mpps(&self) -> f64 {
+        let s = self.elapsed.as_secs_f64();
+        if s == 0.0 {
+            return 0.0;
+        }
+        self.iters as f64 / s / 1e6
+    }
+    /// (min, typical = median, average, p99, max) of the latency samples.
+    pub fn lat_summary(&self) -> Option<(f64, f64, f64, f64, f64)> {
+        if self.lat_us.is_empty() {
+            return None;
+        }
+        let mut v = self.lat_us.clone();
+        v.sort_by(|a, b| a.total_cmp(b));
+        let n = v.len();
+        let avg = v.iter().sum::<f64>() / n as f64;
+        let p99 = v[((n as f64 * 0.99) as usize).min(n - 1)];
+        Some((v[0], v[n / 2], avg, p99, v[n - 1]))
+    }
+}
+
+/// A deterministic pattern for offset `i` of run `seed`, so both ends can check data.
+pub fn pattern_byte(seed: u64, i: u64) -> u8 {
+    let x = (i ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (x >> 56) as u8
+}
+
+/// Fill `len` bytes of `mr` at `offset` with the pattern.
+pub fn fill_pattern(mr: &MemoryRegion<'_>, offset: u64, len: u64, seed: u64) -> Result<()> {
+    let data: Vec<u8> = (0..len).map(|i| pattern_byte(seed, i)).collect();
+    mr.write(offset, &data)
+}
+
+/// Check `len` bytes of `mr` at `offset` hold the pattern; returns the first bad offset.
+pub fn check_pattern(
+    mr: &MemoryRegion<'_>,
+    offset: u64,
+    len: u64,
+    seed: u64,
+) -> Result<Option<u64>> {
+    let mut data = vec![0u8; len as usize];
+    mr.read(offset, &mut data)?;
+    Ok(data
+        .iter()
+        .enumerate()
+        .find(|(i, b)| **b != pattern_byte(seed, *i as u64))
+        .map(|(i, _)| i as u64))
+}
+
+fn check_wc(wc: &WorkCompletion) -> Result<()> {
+    if wc.status == WcStatus::Success {
+        Ok(())
+    } else {
+        Err(Error::EngineStopped(format!(
+            "work request {} completed with {:?}",
+            wc.wr_id, wc.status
+        )))
+    }
+}
+
+fn op_for(p: &PerfParams, remote: &RemoteBuf, i: u64) -> SendOp {
+    // Spread successive operations over the remote buffer, perftest-style.
+    let slots = (remote.len / u64::from(p.size.max(8))).max(1);
+    let off = (i % slots) * u64::from(p.size.max(8));
+    match p.op {
+        PerfOp::Write => SendOp::RdmaWrite {
+            remote_addr: remote.addr + off,
+            rkey: remote.rkey,
+        },
+        PerfOp::Read => SendOp::RdmaRead {
+            remote_addr: remote.addr + off,
+            rkey: remote.rkey,
+        },
+        PerfOp::Send => SendOp::Send,
+        PerfOp::FetchAdd => SendOp::AtomicFetchAdd {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+            add: 1,
+        },
+        PerfOp::CompareSwap => SendOp::AtomicCmpSwp {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+            compare: i,
+            swap: i + 1,
+        },
+    }
+}
+
+fn stop_at(p: &PerfParams, start: Instant, done: u64) -> bool {
+    match p.duration {
+        Some(d) => start.elapsed() >= d,
+        None => done >= p.iters,
+    }
+}
+
+/// Bandwidth, requester side: keep `tx_depth` operations in flight until
+/// `iters` (or `duration`) are complete. For SEND the peer must run
+/// [`bw_receiver`].
+pub fn bw_requester(
+    qp: &QueuePair<'_>,
+    cq: &CompletionQueue,
+    mr: &MemoryRegion<'_>,
+    remote: &RemoteBuf,
+    p: &PerfParams,
+) -> Result<PerfResult> {
+    let size = if p.op.is_atomic() { 8 } else { p.size };
+    let local_slots = (mr.len() / u64::from(size.max(8))).max(1);
+    let mut posted = 0u64;
+    let mut done = 0u64;
+    let mut wcs = Vec::with_capacity(64);
+    let start = Instant::now();
+    let mut last_progress = Instant::now();
+    loop {
+        let stopping = stop_at(p, start, posted);
+        if stopping && done == posted {
+            break;
+        }
+        let mut batch = Vec::new();
+        while !stopping
+            && posted - done < u64::from(p.tx_depth)
+            && !stop_at(p, start, posted)
+            && batch.len() < 32
+        {
+            let off = (posted % local_slots) * u64::from(size.max(8));
+            batch.push((posted, op_for(p, remote, posted), off));
+            posted += 1;
+        }
+        if !batch.is_empty() {
+            let sges: Vec<_> = batch
+                .iter()
+                .map(|(_, _, off)| [mr.sge(*off, size)])
+                .collect();
+            let wrs: Vec<SendWr<'_>> = batch
+                .iter()
+                .zip(&sges)
+                .map(|((id, op, _), sge)| {
+                    let mut wr = SendWr::new(*id, *op, sge);
+                    wr.flags.signaled = true;
+                    wr
+                })
+                .collect();
+            qp.post_send(&wrs)?;
+        }
+        wcs.clear();
+        let n = cq.poll(64, &mut wcs)?;
+        for wc in &wcs {
+            check_wc(wc)?;
+        }
+        done += n as u64;
+        if n > 0 {
+            last_progress = Instant::now();
+        } else if last_progress.elapsed() > p.timeout {
+            return Err(Error::Timeout(p.timeout, "bandwidth completions"));
+        } else if posted - done >= u64::from(p.tx_depth) || stop_at(p, start, posted) {
+            cq.wait(p.timeout.min(Duration::from_millis(5))).ok();
+        }
+    }
+    Ok(PerfResult {
+        op: p.op,
+        size,
+        iters: done,
+        elapsed: start.elapsed(),
+        lat_us: Vec::new(),
+    })
+}
+
+/// Bandwidth, SEND receiver side: keep receives posted and count `iters`
+/// messages (or until `stop` says so). Returns the count received.
+pub fn bw_receiver(
+    qp: &QueuePair<'_>,
+    cq: &CompletionQueue,
+    mr: &MemoryRegion<'_>,
+    p: &PerfParams,
+    rx_depth: u32,
+) -> Result<u64> {
+    let slots = (mr.len() / u64::from(p.size.max(1))).max(1);
+    let post = |i: u64| -> Result<()> {
+        let sge = [mr.sge((i % slots) * u64::from(p.size), p.size)];
+        qp.post_recv(&[RecvWr {
+            wr_id: i,
+            sg_list: &sge,
+        }])
+    };
+    let mut posted = 0u64;
+    while posted < u64::from(rx_depth) && posted < p.iters {
+        post(posted)?;
+        posted += 1;
+    }
+    let mut got = 0u64;
+    let mut wcs = Vec::with_capacity(64);
+    let mut last = Instant::now();
+    while got < p.iters {
+        wcs.clear();
+        let n = cq.poll(64, &mut wcs)?;
+        for wc in &wcs {
+            check_wc(wc)?;
+            got += 1;
+            if posted < p.iters {
+                post(posted)?;
+                posted += 1;
+            }
+        }
+        if n == 0 {
+            if last.elapsed() > p.timeout {
+                return Err(Error::Timeout(p.timeout, "SEND messages"));
+            }
+            cq.wait(Duration::from_millis(5)).ok();
+        } else {
+            last = Instant::now();
+        }
+    }
+    Ok(got)
+}
+
+/// SEND latency, one side of the ping-pong (perftest send_lat): the client
+/// sends first, each side answers every message it receives. Samples are
+/// half the round trip.
+pub fn send_lat(
+    qp: &QueuePair<'_>,
+    cq: &CompletionQueue,
+    mr: &MemoryRegion<'_>,
+    p: &PerfParams,
+    client: bool,
+) -> Result<PerfResult> {
+    let size = p.size;
+    let recv_sge = [mr.sge(0, size.max(1))];
+    let send_sge = [mr.sge(u64::from(size.max(1)), size)];
+    let post_recv = || {
+        qp.post_recv(&[RecvWr {
+            wr_id: 0,
+            sg_list: &recv_sge,
+        }])
+    };
+    let send = |i: u64| {
+        let mut wr = SendWr::new(i, SendOp::Send, &send_sge);
+        wr.flags.signaled = true;
+        qp.post_send(&[wr])
+    };
+    // Completions are counted as they come: a receive may complete in the
+    // same poll as a send (the answer overtaking the local completion).
+    let mut recvs = 0u64;
+    let mut sends = 0u64;
+    let mut wcs = Vec::with_capacity(4);
+    let mut wait_for = |want_recvs: u64, want_sends: u64| -> Result<()> {
+        let deadline = Instant::now() + p.timeout;
+        while recvs < want_recvs || sends < want_sends {
+            wcs.clear();
+            cq.poll(4, &mut wcs)?;
+            for wc in &wcs {
+                check_wc(wc)?;
+                if wc.opcode == crate::WcOpcode::Recv {
+                    recvs += 1;
+                } else {
+                    sends += 1;
+                }
+            }
+            if wcs.is_empty() {
+                if Instant::now() > deadline {
+                    return Err(Error::Timeout(p.timeout, "a ping-pong message"));
+                }
+                cq.wait(Duration::from_millis(1)).ok();
+            }
+        }
+        Ok(())
+    };
+    // Two receives stay posted so an early answer never meets an empty queue.
+    post_recv()?;
+    post_recv()?;
+    let mut lat = Vec::with_capacity(p.iters as usize);
+    let start = Instant::now();
+    for i in 0..p.iters {
+        let t = Instant::now();
+        if client {
+            send(i)?;
+            wait_for(i + 1, i + 1)?;
+            post_recv()?;
+        } else {
+            wait_for(i + 1, i)?;
+            post_recv()?;
+            send(i)?;
+        }
+        lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+    }
+    wait_for(p.iters, p.iters)?;
+    Ok(PerfResult {
+        op: PerfOp::Send,
+        size,
+        iters: p.iters,
+        elapsed: start.elapsed(),
+        lat_us: lat,
+    })
+}
+
+/// READ / WRITE / atomic latency, requester side (one operation at a time;
+/// samples are the full completion time, as perftest's read_lat reports).
+pub fn op_lat(
+    qp: &QueuePair<'_>,
+    cq: &CompletionQueue,
+    mr: &MemoryRegion<'_>,
+    remote: &RemoteBuf,
+    p: &PerfParams,
+) -> Result<PerfResult> {
+    let size = if p.op.is_atomic() { 8 } else { p.size };
+    let sge = [mr.sge(0, size)];
+    let mut lat = Vec::with_capacity(p.iters as usize);
+    let start = Instant::now();
+    let mut wcs = Vec::with_capacity(1);
+    for i in 0..p.iters {
+        let t = Instant::now();
+        let mut wr = SendWr::new(i, op_for(p, remote, 0), &sge);
+        wr.flags.signaled = true;
+        qp.post_send(&[wr])?;
+        wcs.clear();
+        let deadline = Instant::now() + p.timeout;
+        while cq.poll(1, &mut wcs)? == 0 {
+            if Instant::now() > deadline {
+                return Err(Error::Timeout(p.timeout, "a completion"));
+            }
+            cq.wait(Duration::from_millis(1)).ok();
+        }
+        check_wc(&wcs[0])?;
+        lat.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(PerfResult {
+        op: p.op,
+        size,
+        iters: p.iters,
+        elapsed: start.elapsed(),
+        lat_us: lat,
+    })
+}
