@@ -14,3 +14,18 @@ fi
 python3 -c 'import scapy.contrib.roce' 2>/dev/null || python3 -m pip install -q scapy
 # nic-drivers netns tests ping across namespaces.
 command -v ping >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq --no-install-recommends iputils-ping; }
+
+# rxe VM for interop-tests: QEMU and tcpdump on the host. The VM's kernel and user side come from
+# Debian packages unpacked (never installed) into target/rxe-vm by the repo's build script.
+need_vm=()
+command -v qemu-system-x86_64 >/dev/null 2>&1 || need_vm+=(qemu-system-x86)
+command -v tcpdump >/dev/null 2>&1 || need_vm+=(tcpdump)
+if [ "${#need_vm[@]}" -gt 0 ]; then
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need_vm[@]}"
+fi
+if [ "$(id -u)" = 0 ]; then
+    # Idempotent (a stamp); on failure the VM tests skip with the reason rather than fail CI here.
+    bash "$(dirname "$0")/../interop-tests/vm/build-image.sh" ||
+        echo "install-deps: rxe VM image build failed; interop VM tests will skip" >&2
+fi

@@ -65,10 +65,7 @@ impl Capture {
             if text.contains("listening on") {
                 return Ok(cap);
             }
-            let exited = match cap.child.as_mut().map(Child::try_wait) {
-                Some(Ok(None)) => false,
-                _ => true,
-            };
+            let exited = !matches!(cap.child.as_mut().map(Child::try_wait), Some(Ok(None)));
             if exited || Instant::now() > deadline {
                 return Err(Error::HostCommand {
                     cmd: format!("{cmd:?}"),

@@ -703,11 +703,9 @@ impl VmJob {
 
 impl Drop for VmJob {
     fn drop(&mut self) {
-        if !self.done {
-            if self.ctl.kill(self.id, "KILL").is_ok() {
-                // Reap, so the agent forgets the job's files.
-                let _ = self.ctl.poll(self.id, Duration::from_millis(500));
-            }
+        // Reap after the kill, so the agent forgets the job's files.
+        if !self.done && self.ctl.kill(self.id, "KILL").is_ok() {
+            let _ = self.ctl.poll(self.id, Duration::from_millis(500));
         }
     }
 }
@@ -1222,7 +1220,7 @@ fn base64_encode(data: &[u8]) -> String {
 
 /// Decodes standard padded base64; `None` on anything malformed.
 fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
-    if text.len() % 4 != 0 {
+    if !text.len().is_multiple_of(4) {
         return None;
     }
     let mut out = Vec::with_capacity(text.len() / 4 * 3);
