@@ -76,12 +76,12 @@ impl CompletionQueue {
             match engine.mode {
                 EngineMode::Polling => {
                     if engine.step_now() == 0 {
-                        if self.len() > 0 {
+                        if !self.is_empty() {
                             return Ok(());
                         }
                         let idle = engine.lock().idle_timeout();
                         engine.wait_io(idle.min(deadline - now).min(Duration::from_micros(200)));
-                    } else if self.len() > 0 {
+                    } else if !self.is_empty() {
                         return Ok(());
                     }
                 }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod demo;
+mod devices;
 
 use clap::{Parser, Subcommand};
 use ferroce_verbs::decode::{decode_capture, Format};
@@ -18,6 +19,12 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// List usable interfaces, their backends, MTU and GID table (like ibv_devinfo).
+    Devices {
+        /// Also list interfaces that are down or have no usable backend.
+        #[arg(long)]
+        all: bool,
+    },
     /// Two ferroce hosts: RC ping-pong, WRITE/READ/SEND/atomic bandwidth and
     /// latency, every byte verified, one table. Root: two network namespaces
     /// over AF_XDP (falling back to AF_PACKET, then UDP); otherwise UDP on loopback.
@@ -42,6 +49,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Devices { all } => ExitCode::from(devices::run(all) as u8),
         Command::Demo { backend } => ExitCode::from(demo::run(backend) as u8),
         Command::Decode { file, json } => {
             let input = match std::fs::File::open(&file) {

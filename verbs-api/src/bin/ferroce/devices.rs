@@ -1,0 +1,86 @@
+//! `ferroce devices`: like `ibv_devices` + `ibv_devinfo` — the interfaces
+//! ferroce can run on, which backends open there with this process's
+//! privileges, the port's MTU and the GID table.
+
+use ferroce_verbs::device::{gid_table, ib_mtu_for, interfaces, Interface};
+
+fn backends(iface: &Interface) -> Vec<&'static str> {
+    let mut b = Vec::new();
+    let root = ferroce_nic::is_root();
+    if root && iface.name != "lo" {
+        b.push("afxdp");
+        b.push("afpacket");
+    }
+    if iface.addrs.iter().any(|a| a.ip.is_ipv4()) {
+        b.push("udp");
+    }
+    b
+}
+
+fn mac(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+pub fn run(all: bool) -> i32 {
+    let list = match interfaces() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("ferroce devices: {e}");
+            return 1;
+        }
+    };
+    let mut shown = 0;
+    for iface in &list {
+        let b = backends(iface);
+        if !all && (b.is_empty() || !iface.up) {
+            continue;
+        }
+        shown += 1;
+        println!("hca_id:\tferroce_{}", iface.name);
+        println!("\ttransport:\t\tRoCE v2 (InfiniBand over UDP/IP, port 4791)");
+        println!(
+            "\tbackends:\t\t{}",
+            if b.is_empty() {
+                "none".to_string()
+            } else {
+                b.join(", ")
+            }
+        );
+        println!("\tnode_guid / mac:\t{}", mac(iface.mac));
+        println!("\tport:\t1");
+        println!(
+            "\t\tstate:\t\t\t{}",
+            if iface.up {
+                "PORT_ACTIVE (4)"
+            } else {
+                "PORT_DOWN (1)"
+            }
+        );
+        println!("\t\tmax_mtu:\t\t4096 (5)");
+        println!(
+            "\t\tactive_mtu:\t\t{} (Ethernet MTU {})",
+            ib_mtu_for(iface.mtu),
+            iface.mtu
+        );
+        println!("\t\tlink_layer:\t\tEthernet");
+        for (i, g) in gid_table(iface).iter().enumerate() {
+            let kind = if g.to_ipv4_mapped().is_some() {
+                "v2 (IPv4)"
+            } else {
+                "v2"
+            };
+            println!("\t\tGID[{i:>3}]:\t\t{g}, RoCE {kind}");
+        }
+        println!();
+    }
+    if shown == 0 {
+        eprintln!(
+            "ferroce devices: no usable interface (run as root for AF_XDP/AF_PACKET, or give an interface an IPv4 address for UDP)"
+        );
+        return 1;
+    }
+    0
+}
