@@ -449,6 +449,7 @@ fn main() {
                 "udp-nogso",
                 "udp-uring",
                 "afpacket",
+                "afpacket-v2",
                 "afxdp",
             ]
             .iter()
