@@ -925,7 +925,7 @@ fn boot_in(net: &Arc<LabNet>, index: usize, config: &VmConfig, image: &Image) ->
     )?;
 
     let append = format!(
-        "console=ttyS0 edd=off panic=-1 mitigations=off ferroce.ip={ipv4}/24 ferroce.ip6={ipv6}/64 \
+        "console=ttyS0 edd=off panic=-1 mitigations=off loglevel=4 ferroce.ip={ipv4}/24 ferroce.ip6={ipv6}/64 \
          ferroce.mtu={} ferroce.name=vm{index} ferroce.share=host {}",
         net.mtu, config.extra_append
     );
@@ -947,7 +947,8 @@ fn boot_in(net: &Arc<LabNet>, index: usize, config: &VmConfig, image: &Image) ->
         "-netdev".into(),
         format!("tap,id=n0,ifname={tap},script=no,downscript=no"),
         "-device".into(),
-        format!("virtio-net-pci,netdev=n0,mac={mac}"),
+        // romfile=: no iPXE option ROM; SeaBIOS would spend time initialising it.
+        format!("virtio-net-pci,netdev=n0,mac={mac},romfile="),
         "-fsdev".into(),
         format!("local,id=fs0,path={},security_model=none", path_str(&share)),
         "-device".into(),

@@ -127,14 +127,14 @@ fn rxe_to_rxe_baselines() {
     assert!(out.stdout_str().contains("iters"), "{}", out.stdout_str());
     assert_opcodes(&ops, &[0x00, 0x01, 0x02, 0x11]);
 
-    // The same over the IPv6 GID (RoCE v2 in IPv6: another ICRC mask).
+    // The same over the IPv6 GID (RoCE v2 in IPv6: another ICRC mask), at path MTU 4096.
     let gid6 = ipv6_gid_index(lab.vm(1));
     assert_eq!(gid6, ipv6_gid_index(lab.vm(0)));
     let (_, _, ops) = pair(
         &lab,
         "rxe-rc-send-ipv6",
-        &format!("ibv_rc_pingpong -g {gid6} -s 1500 -n 3 -c"),
-        &format!("ibv_rc_pingpong -g {gid6} -s 1500 -n 3 -c {{server}}"),
+        &format!("ibv_rc_pingpong -g {gid6} -m 4096 -s 5000 -n 2 -c"),
+        &format!("ibv_rc_pingpong -g {gid6} -m 4096 -s 5000 -n 2 -c {{server}}"),
     );
     assert_opcodes(&ops, &[0x00, 0x02, 0x11]);
 
@@ -165,23 +165,39 @@ fn rxe_to_rxe_baselines() {
     );
     assert_opcodes(&ops, &[0x04, 0x11]);
 
-    // RDMA WRITE 2 KiB at MTU 1024: WRITE_FIRST/LAST (+ SENDs for perftest's own sync).
+    // RDMA WRITE 3000 B at MTU 1024: WRITE_FIRST/MIDDLE/LAST.
     let (_, _, ops) = pair(
         &lab,
         "rxe-rc-write",
-        "ib_write_bw -x 1 -m 1024 -s 2048 -n 5 -F",
-        "ib_write_bw -x 1 -m 1024 -s 2048 -n 5 -F {server}",
+        "ib_write_bw -x 1 -m 1024 -s 3000 -n 5 -F",
+        "ib_write_bw -x 1 -m 1024 -s 3000 -n 5 -F {server}",
     );
-    assert_opcodes(&ops, &[0x06, 0x08, 0x11]);
+    assert_opcodes(&ops, &[0x06, 0x07, 0x08, 0x11]);
 
-    // RDMA READ 2 KiB: READ_REQUEST, READ_RESPONSE_FIRST/LAST.
+    // RDMA READ 3000 B: READ_REQUEST, READ_RESPONSE_FIRST/MIDDLE/LAST.
     let (_, _, ops) = pair(
         &lab,
         "rxe-rc-read",
-        "ib_read_bw -x 1 -m 1024 -s 2048 -n 5 -F",
-        "ib_read_bw -x 1 -m 1024 -s 2048 -n 5 -F {server}",
+        "ib_read_bw -x 1 -m 1024 -s 3000 -n 5 -F",
+        "ib_read_bw -x 1 -m 1024 -s 3000 -n 5 -F {server}",
     );
-    assert_opcodes(&ops, &[0x0c, 0x0d, 0x0f]);
+    assert_opcodes(&ops, &[0x0c, 0x0d, 0x0e, 0x0f]);
+
+    // Single-packet WRITE and READ: WRITE_ONLY, READ_RESPONSE_ONLY.
+    let (_, _, ops) = pair(
+        &lab,
+        "rxe-rc-write-lat",
+        "ib_write_lat -x 1 -s 64 -n 10 -F",
+        "ib_write_lat -x 1 -s 64 -n 10 -F {server}",
+    );
+    assert_opcodes(&ops, &[0x0a]);
+    let (_, _, ops) = pair(
+        &lab,
+        "rxe-rc-read-lat",
+        "ib_read_lat -x 1 -s 64 -n 10 -F",
+        "ib_read_lat -x 1 -s 64 -n 10 -F {server}",
+    );
+    assert_opcodes(&ops, &[0x0c, 0x10]);
 
     // Atomics, both kinds: request and ATOMIC_ACKNOWLEDGE.
     let (_, _, ops) = pair(
