@@ -21,6 +21,7 @@ pub mod pd;
 pub mod perf;
 pub mod qp;
 pub mod srq;
+pub mod wc;
 
 pub use context::{Context, DeviceAttr, DeviceStats, OpenOptions, PortAttr};
 pub use cq::CompletionQueue;

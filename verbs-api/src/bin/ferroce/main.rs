@@ -3,8 +3,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod common;
 mod demo;
 mod devices;
+mod pingpong;
 
 use clap::{Parser, Subcommand};
 use ferroce_verbs::decode::{decode_capture, Format};
@@ -19,6 +21,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Ping-pong like ibv_rc_pingpong (--uc, --ud for the other transports);
+    /// interoperates with the stock tools.
+    Pingpong(pingpong::Args),
     /// List usable interfaces, their backends, MTU and GID table (like ibv_devinfo).
     Devices {
         /// Also list interfaces that are down or have no usable backend.
@@ -49,6 +54,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Pingpong(a) => ExitCode::from(pingpong::run(a) as u8),
         Command::Devices { all } => ExitCode::from(devices::run(all) as u8),
         Command::Demo { backend } => ExitCode::from(demo::run(backend) as u8),
         Command::Decode { file, json } => {

@@ -1,0 +1,63 @@
+//! What the tools share: picking and opening a device from `-d` / `--backend`.
+
+use std::net::SocketAddr;
+
+use ferroce_verbs::device::{interface, interfaces};
+use ferroce_verbs::{Backend, Context, DeviceConfig, EngineMode, OpenOptions};
+
+/// Open `dev` (an interface name, or `ferroce_<ifname>` as `devices` prints
+/// it), or the first usable interface, as ibverbs tools take the first device.
+pub fn open_device(
+    dev: Option<&str>,
+    backend: Backend,
+    mode: EngineMode,
+) -> Result<Context, String> {
+    let ifname = match dev {
+        Some(d) => d.strip_prefix("ferroce_").unwrap_or(d).to_string(),
+        None => default_interface()?,
+    };
+    let iface = interface(&ifname).map_err(|e| e.to_string())?;
+    let mut cfg = DeviceConfig::new(&ifname, backend);
+    // The UDP backend binds the interface's IPv4 address (loopback: 127.0.0.1).
+    cfg.udp_bind = iface
+        .addrs
+        .iter()
+        .find(|a| a.ip.is_ipv4())
+        .map(|a| SocketAddr::new(a.ip, ferroce_nic::ROCE_V2_PORT));
+    Context::open(
+        &cfg,
+        OpenOptions {
+            mode,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// The first interface that is up, is not loopback and has an IPv4 address;
+/// loopback if there is none.
+pub fn default_interface() -> Result<String, String> {
+    let all = interfaces().map_err(|e| e.to_string())?;
+    all.iter()
+        .find(|i| i.up && i.name != "lo" && i.addrs.iter().any(|a| a.ip.is_ipv4()))
+        .or_else(|| all.iter().find(|i| i.name == "lo"))
+        .map(|i| i.name.clone())
+        .ok_or_else(|| "no network interface found".to_string())
+}
+
+/// The GID index tools use when `-g` / `-x` is not given: the first
+/// IPv4-mapped GID (rxe's index 1), else 0.
+pub fn default_gid_index(ctx: &Context) -> usize {
+    ctx.gids()
+        .iter()
+        .position(|g| g.to_ipv4_mapped().is_some())
+        .unwrap_or(0)
+}
+
+/// An IPv6 GID as 16 bytes, and back.
+pub fn gid_bytes(g: std::net::Ipv6Addr) -> [u8; 16] {
+    g.octets()
+}
+pub fn gid_from(b: [u8; 16]) -> std::net::Ipv6Addr {
+    std::net::Ipv6Addr::from(b)
+}
