@@ -157,3 +157,28 @@ fn program_detached_when_process_is_killed() {
         .unwrap();
     assert!(io.is_ok(), "{:?}", io.err());
 }
+
+#[test]
+fn busy_poll_mode_still_moves_frames() {
+    if !root_or_skip("afxdp busy poll") {
+        return;
+    }
+    let t = topo();
+    let (ea, eb) = ends(&t, false);
+    let open = |i: usize| {
+        t.run_in(i, || {
+            let mut io = AfXdpIo::open(AfXdpConfig::new("veth0")).unwrap();
+            io.set_busy_poll(true).unwrap();
+            io
+        })
+        .unwrap()
+    };
+    let mut p = Pair {
+        topo: None,
+        a: Box::new(open(0)),
+        b: Box::new(open(1)),
+        ea,
+        eb,
+    };
+    batches(&mut p, &[60, 1500]);
+}

@@ -844,6 +844,17 @@ impl PacketIo for AfXdpIo {
     }
 
     fn set_busy_poll(&mut self, on: bool) -> Result<(), NicError> {
+        // asm-generic/socket.h: SO_BUSY_POLL 46, SO_PREFER_BUSY_POLL 69,
+        // SO_BUSY_POLL_BUDGET 70. The kernel then polls the driver's NAPI from
+        // our recvfrom/sendto instead of waiting for its softirq.
+        let (us, prefer, budget): (libc::c_int, libc::c_int, libc::c_int) =
+            if on { (20, 1, 64) } else { (0, 0, 8) };
+        for x in &self.xsks {
+            let fd = x.fd.as_raw_fd();
+            sys::setsockopt(fd, libc::SOL_SOCKET, 69, &prefer, "SO_PREFER_BUSY_POLL")?;
+            sys::setsockopt(fd, libc::SOL_SOCKET, 46, &us, "SO_BUSY_POLL")?;
+            sys::setsockopt(fd, libc::SOL_SOCKET, 70, &budget, "SO_BUSY_POLL_BUDGET")?;
+        }
         self.busy_poll = on;
         Ok(())
     }
