@@ -234,3 +234,50 @@ fn one_million_one_way_every_backend() {
         teardown(p);
     }
 }
+
+/// Frames with one 802.1Q tag pass the filters (cBPF / XDP) and arrive with
+/// the tag in place (AF_PACKET puts back a tag the kernel moved to metadata).
+fn vlan_tagged_frames_arrive_intact(pair: PairFn) {
+    for v6 in [false, true] {
+        let Some(mut p) = pair(v6) else { return };
+        let frames: Vec<Vec<u8>> = (0..16u32)
+            .map(|i| {
+                let mut f = frame(p.ea, p.eb, i, 300 + 500 * i as usize);
+                f.splice(12..12, [0x81, 0x00, 0x20, 0x05]); // PCP 1, VLAN 5
+                f
+            })
+            .collect();
+        let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_slice()).collect();
+        assert_eq!(p.a.send_frames(&refs).unwrap(), 16);
+        let mut got = Vec::new();
+        let t0 = std::time::Instant::now();
+        while got.len() < 16 && t0.elapsed() < std::time::Duration::from_secs(3) {
+            if p.b.recv_owned(64, &mut got).unwrap() == 0 {
+                p.b.wait(Some(std::time::Duration::from_millis(20)))
+                    .unwrap();
+            }
+        }
+        assert_eq!(got, frames, "{} v6={v6}", p.a.kind());
+        teardown(p);
+    }
+}
+
+#[test]
+fn afpacket_vlan_tagged_frames() {
+    vlan_tagged_frames_arrive_intact(afpacket_pair);
+}
+
+#[test]
+fn afpacket_v2_vlan_tagged_frames() {
+    vlan_tagged_frames_arrive_intact(afpacket_v2_pair);
+}
+
+#[test]
+fn afxdp_vlan_tagged_frames() {
+    vlan_tagged_frames_arrive_intact(afxdp_pair);
+}
+
+#[test]
+fn mem_vlan_tagged_frames() {
+    vlan_tagged_frames_arrive_intact(mem_pair);
+}
