@@ -27,6 +27,8 @@ pub mod netns;
 mod sys;
 pub mod udp;
 
+pub use afpacket::{AfPacketConfig, AfPacketIo, RxRing};
+pub use afxdp::{AfXdpConfig, AfXdpIo, XdpMode};
 pub use frame::{FrameInfo, ROCE_V2_PORT};
 pub use mem::{MemPort, Switch, SwitchConfig};
 pub use middleware::fault::{FaultConfig, FaultIo};
