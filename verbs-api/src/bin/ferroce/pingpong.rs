@@ -261,6 +261,8 @@ fn run_inner(a: Args) -> Result<i32, String> {
                     a.iters
                 ));
             }
+            // Spinning on the CQ would fight the engine thread for the
+            // device lock; sleep on it instead (it wakes on a completion).
             if mode == EngineMode::Thread {
                 let _ = cq.wait(Duration::from_millis(100));
             }
