@@ -49,6 +49,12 @@ fn skb_mode_batches() {
     };
     batches(&mut p, &[60, 1500, 4200, 9014]);
     drop(p);
+    // A test thread forking `ip` at that moment briefly shares our fds (until
+    // its exec closes them): allow the detach a moment.
+    let t0 = Instant::now();
+    while (xdp_attached(&t, 0) || xdp_attached(&t, 1)) && t0.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(
         !xdp_attached(&t, 0) && !xdp_attached(&t, 1),
         "detached on drop"

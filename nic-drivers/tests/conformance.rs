@@ -107,12 +107,21 @@ fn teardown(p: Pair) {
     drop(b);
     if let Some(t) = topo {
         for i in 0..2 {
-            let out = t
-                .command(i, "ip")
-                .args(["link", "show", "veth0"])
-                .output()
-                .unwrap();
-            let s = String::from_utf8_lossy(&out.stdout);
+            // A concurrently forked `ip` may hold our fds until its exec
+            // closes them: give the detach a moment.
+            let t0 = std::time::Instant::now();
+            let s = loop {
+                let out = t
+                    .command(i, "ip")
+                    .args(["link", "show", "veth0"])
+                    .output()
+                    .unwrap();
+                let s = String::from_utf8_lossy(&out.stdout).into_owned();
+                if !s.contains("xdp") || t0.elapsed() > std::time::Duration::from_secs(3) {
+                    break s;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            };
             assert!(!s.contains("xdp"), "no XDP program left: {s}");
         }
         let names: Vec<String> = t.hosts().iter().map(|h| h.ns.clone()).collect();
