@@ -209,3 +209,19 @@ fn fault_middleware_over_a_real_backend() {
     assert_eq!(got.len() + lost, 200);
     assert_eq!(b.stats().rx_dropped, lost as u64);
 }
+
+#[test]
+fn datagrams_larger_than_a_frame_are_dropped_and_counted() {
+    for gro in [false, true] {
+        let mut b = open("127.0.0.1:0", |c| c.gro = gro);
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.send_to(&[0u8; 10_000], b.local_addr()).unwrap();
+        s.send_to(&[1u8; 100], b.local_addr()).unwrap();
+        let mut got = Vec::new();
+        drain(&mut b, 1, &mut got);
+        std::thread::sleep(Duration::from_millis(20));
+        b.recv_owned(64, &mut got).unwrap();
+        assert_eq!(got.len(), 1, "gro={gro}: only the small one");
+        assert_eq!(b.stats().rx_dropped, 1, "gro={gro}");
+    }
+}
