@@ -205,6 +205,8 @@ pub struct DeviceConfig {
     /// the device is opened from a thread that entered it: later neighbour
     /// look-ups run there too.
     pub netns: Option<String>,
+    /// Record every frame sent and received to this pcap file.
+    pub pcap: Option<std::path::PathBuf>,
 }
 
 impl DeviceConfig {
@@ -215,6 +217,7 @@ impl DeviceConfig {
             udp_bind: None,
             seed: seed_from_os(),
             netns: None,
+            pcap: None,
         }
     }
 }
@@ -283,12 +286,24 @@ pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
         };
         match r {
             Ok((io, udp_local)) => {
+                let io = match &cfg.pcap {
+                    None => io,
+                    Some(path) => {
+                        let file = std::fs::File::create(path)
+                            .map_err(|e| Error::Io("creating the pcap file", e))?;
+                        Box::new(ferroce_nic::PcapIo::new(
+                            io,
+                            std::io::BufWriter::new(file),
+                            ferroce_nic::middleware::pcap::PcapMode::Both,
+                        )?) as Box<dyn PacketIo>
+                    }
+                };
                 return Ok(OpenedIo {
                     io,
                     backend: *b,
                     iface,
                     udp_local,
-                })
+                });
             }
             Err(e) => errors.push(format!("{}: {e}", b.name())),
         }

@@ -206,7 +206,10 @@ pub fn bw_requester(
     p: &PerfParams,
 ) -> Result<PerfResult> {
     let size = if p.op.is_atomic() { 8 } else { p.size };
-    let local_slots = (mr.len() / u64::from(size.max(8))).max(1);
+    // Local offsets follow the remote ones, so after a WRITE run the peer's
+    // buffer mirrors ours (and after a READ run ours mirrors the peer's).
+    let slot = u64::from(size.max(8));
+    let local_slots = (mr.len().min(remote.len) / slot).max(1);
     let mut posted = 0u64;
     let mut done = 0u64;
     let mut wcs = Vec::with_capacity(64);
@@ -223,7 +226,7 @@ pub fn bw_requester(
             && !stop_at(p, start, posted)
             && batch.len() < 32
         {
-            let off = (posted % local_slots) * u64::from(size.max(8));
+            let off = (posted % local_slots) * slot;
             batch.push((posted, op_for(p, remote, posted), off));
             posted += 1;
         }

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod bench;
 mod common;
 mod demo;
 mod devices;
@@ -21,6 +22,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// perftest-style bandwidth / latency: write, read, send or atomic
+    /// (ib_write_bw, ib_read_lat, ...); a stock perftest can be the peer.
+    Bench(bench::Args),
     /// Ping-pong like ibv_rc_pingpong (--uc, --ud for the other transports);
     /// interoperates with the stock tools.
     Pingpong(pingpong::Args),
@@ -54,6 +58,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Bench(a) => ExitCode::from(bench::run(a) as u8),
         Command::Pingpong(a) => ExitCode::from(pingpong::run(a) as u8),
         Command::Devices { all } => ExitCode::from(devices::run(all) as u8),
         Command::Demo { backend } => ExitCode::from(demo::run(backend) as u8),

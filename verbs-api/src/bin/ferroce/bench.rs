@@ -1,0 +1,665 @@
+//! `ferroce bench write|read|send|atomic [--lat]`: perftest's tests with its
+//! main flags, its out-of-band exchange (so a stock perftest peer can be the
+//! other end) and a perftest-shaped table; `--json` for machines. Every run
+//! ends with a data check, and wrong data makes the exit status 1.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ferroce_verbs::exchange::perftest::{self, BwReport, Negotiated, PerftestParams};
+use ferroce_verbs::exchange::{self, ExchangeConfig, PerftestDest};
+use ferroce_verbs::perf::{self, PerfOp, PerfParams, PerfResult, RemoteBuf};
+use ferroce_verbs::{
+    Backend, CompletionQueue, ConnectOptions, Context, EngineMode, MemoryRegion, QueuePair,
+    RemoteQp,
+};
+
+use crate::common;
+
+/// Our version string: perftest compares versions numerically (atof), so
+/// the suffix changes nothing for a stock peer and tells a ferroce peer that
+/// the other end fills its buffers with the shared check pattern.
+const VERSION: &str = "6.19 ferroce";
+const PATTERN_SEED: u64 = 0x0f0e_0d0c;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Test {
+    Write,
+    Read,
+    Send,
+    Atomic,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[allow(non_camel_case_types)]
+pub enum AtomicType {
+    #[value(name = "FETCH_AND_ADD")]
+    FETCH_AND_ADD,
+    #[value(name = "CMP_AND_SWAP")]
+    CMP_AND_SWAP,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The test: write, read, send or atomic.
+    #[arg(value_enum)]
+    pub test: Test,
+    /// Latency test instead of bandwidth.
+    #[arg(long)]
+    pub lat: bool,
+    /// Message size (default 65536 for bandwidth, 2 for latency; atomics are 8).
+    #[arg(short = 's', long)]
+    pub size: Option<u32>,
+    /// Iterations (default 5000 for bandwidth, 1000 for latency).
+    #[arg(short = 'n', long)]
+    pub iters: Option<u64>,
+    /// Run all sizes from 2 bytes to 8 MiB.
+    #[arg(short = 'a', long = "all")]
+    pub all: bool,
+    /// Queue pairs.
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    pub qps: u32,
+    /// Path MTU (default: the port's active MTU).
+    #[arg(short = 'm', long)]
+    pub mtu: Option<u32>,
+    /// TCP port of the out-of-band exchange.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    pub port: u16,
+    /// Run each size for this many seconds instead of -n iterations.
+    #[arg(short = 'D', long)]
+    pub duration: Option<u64>,
+    /// Report bandwidth in Gbit/s instead of MB/s.
+    #[arg(long = "report_gbits")]
+    pub report_gbits: bool,
+    /// Don't fail on CPU-frequency warnings (accepted for perftest compatibility).
+    #[arg(short = 'F', long = "CPU-freq")]
+    pub cpu_freq: bool,
+    /// Outstanding work requests per QP in bandwidth tests.
+    #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
+    pub tx_depth: u32,
+    /// Atomic operation.
+    #[arg(
+        short = 'A',
+        long = "atomic_type",
+        value_enum,
+        default_value = "FETCH_AND_ADD"
+    )]
+    pub atomic_type: AtomicType,
+    /// Device (interface, or ferroce_<ifname>).
+    #[arg(short = 'd', long = "ib-dev")]
+    pub ib_dev: Option<String>,
+    /// GID index (default: the IPv4-mapped one).
+    #[arg(short = 'x', long = "gid-index")]
+    pub gid_index: Option<usize>,
+    /// Packet engine: auto, afxdp, afpacket or udp.
+    #[arg(long, default_value = "auto")]
+    pub backend: Backend,
+    /// One JSON object per result line instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Write every frame this process sends and receives to a pcap file.
+    #[arg(long)]
+    pub pcap: Option<std::path::PathBuf>,
+    /// Server to connect to; without it, wait for a client.
+    pub servername: Option<String>,
+}
+
+impl Args {
+    fn op(&self) -> PerfOp {
+        match (self.test, self.atomic_type) {
+            (Test::Write, _) => PerfOp::Write,
+            (Test::Read, _) => PerfOp::Read,
+            (Test::Send, _) => PerfOp::Send,
+            (Test::Atomic, AtomicType::FETCH_AND_ADD) => PerfOp::FetchAdd,
+            (Test::Atomic, AtomicType::CMP_AND_SWAP) => PerfOp::CompareSwap,
+        }
+    }
+    fn sizes(&self) -> Vec<u32> {
+        if self.test == Test::Atomic {
+            return vec![8];
+        }
+        if self.all {
+            return (1..=23).map(|i| 1u32 << i).collect();
+        }
+        vec![self.size.unwrap_or(if self.lat { 2 } else { 65536 })]
+    }
+    fn iters(&self) -> u64 {
+        self.iters.unwrap_or(if self.lat { 1000 } else { 5000 })
+    }
+    fn title(&self) -> String {
+        let t = match self.test {
+            Test::Write => "RDMA_Write",
+            Test::Read => "RDMA_Read",
+            Test::Send => "Send",
+            Test::Atomic => "Atomic",
+        };
+        format!("{t} {} Test", if self.lat { "Latency" } else { "BW" })
+    }
+}
+
+fn mtu_enum(mtu: u32) -> u8 {
+    match mtu {
+        256 => 1,
+        512 => 2,
+        1024 => 3,
+        2048 => 4,
+        _ => 5,
+    }
+}
+fn mtu_bytes(e: u8) -> u32 {
+    match e {
+        1 => 256,
+        2 => 512,
+        3 => 1024,
+        4 => 2048,
+        _ => 4096,
+    }
+}
+
+pub fn run(a: Args) -> i32 {
+    match run_inner(&a) {
+        Ok(ok) => {
+            if ok {
+                0
+            } else {
+                1
+            }
+        }
+        Err(e) => {
+            eprintln!("ferroce bench: {e}");
+            1
+        }
+    }
+}
+
+/// The local end of one QP.
+struct End<'pd> {
+    qp: QueuePair<'pd>,
+    cq: CompletionQueue,
+}
+
+fn run_inner(a: &Args) -> Result<bool, String> {
+    let mut ctx_cfg_dev = a.ib_dev.clone();
+    if ctx_cfg_dev.is_none() {
+        ctx_cfg_dev = Some(common::default_interface()?);
+    }
+    let ctx = open(a, ctx_cfg_dev.as_deref())?;
+    let port = ctx.query_port();
+    let mtu = a.mtu.unwrap_or(port.active_mtu).min(port.active_mtu);
+    let sizes = a.sizes();
+    let max_size = *sizes.iter().max().unwrap_or(&65536);
+    let per_qp = (u64::from(max_size) * 2).max(8192);
+    let pd = ctx.alloc_pd();
+    let mr = pd
+        .reg_mr(
+            (per_qp * u64::from(a.qps)) as usize,
+            ConnectOptions::default().access,
+        )
+        .map_err(|e| format!("Couldn't register MR: {e}"))?;
+    let gid_index = a
+        .gid_index
+        .unwrap_or_else(|| common::default_gid_index(&ctx));
+    let gid = ctx.query_gid(gid_index).map_err(|e| e.to_string())?;
+    let opts = ConnectOptions {
+        path_mtu: mtu,
+        sgid_index: gid_index,
+        max_rd_atomic: 16,
+        max_dest_rd_atomic: 16,
+        ..Default::default()
+    };
+    let mut ends = Vec::new();
+    for _ in 0..a.qps {
+        let cq = ctx
+            .create_cq(a.tx_depth * 2 + 1024)
+            .map_err(|e| format!("Couldn't create CQ: {e}"))?;
+        let qp = pd
+            .create_qp()
+            .max_send_wr(a.tx_depth.max(16))
+            .max_recv_wr(1024)
+            .build(&cq, &cq)
+            .map_err(|e| format!("Couldn't create QP: {e}"))?;
+        qp.to_init(&opts).map_err(|e| e.to_string())?;
+        ends.push(End { qp, cq });
+    }
+    let my_dests: Vec<PerftestDest> = ends
+        .iter()
+        .enumerate()
+        .map(|(i, e)| PerftestDest {
+            lid: 0,
+            out_reads: u16::from(opts.max_rd_atomic),
+            qpn: e.qp.qpn(),
+            psn: (ferroce_verbs::device::seed_from_os() as u32 ^ (i as u32 * 0x1357)) & 0x00ff_ffff,
+            rkey: mr.rkey(),
+            vaddr: mr.addr() + i as u64 * per_qp,
+            gid: gid.octets(),
+            srqn: 0,
+        })
+        .collect();
+    let params = PerftestParams {
+        version: VERSION.to_string(),
+        mtu: mtu_enum(mtu),
+        ..PerftestParams::default()
+    };
+    let xcfg = ExchangeConfig::default();
+    // The peer's view of our PSN is what we chose; the connect callback
+    // uses both sides' destinations.
+    let negotiated_mtu = Mutex::new(mtu);
+    let connect = |n: &Negotiated, remote: &[PerftestDest]| -> Result<(), String> {
+        let mtu = mtu_bytes(n.mtu).min(mtu);
+        *negotiated_mtu.lock().unwrap_or_else(|p| p.into_inner()) = mtu;
+        for ((e, mine), theirs) in ends.iter().zip(&my_dests).zip(remote) {
+            let o = ConnectOptions {
+                path_mtu: mtu,
+                local_psn: mine.psn,
+                max_rd_atomic: (theirs.out_reads.min(16) as u8).max(1),
+                ..opts
+            };
+            e.qp.connect(
+                &ctx,
+                &RemoteQp {
+                    qpn: theirs.qpn,
+                    psn: theirs.psn,
+                    gid: std::net::Ipv6Addr::from(theirs.gid),
+                },
+                &o,
+            )
+            .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    };
+    let prepare = |_: &Negotiated| -> Result<Vec<PerftestDest>, String> { Ok(my_dests.clone()) };
+    let client = a.servername.is_some();
+    if !a.json {
+        print_header(a, &ctx, mtu, client);
+    }
+    let session = match &a.servername {
+        Some(s) => perftest::client((s.as_str(), a.port), &params, &xcfg, prepare, connect),
+        None => {
+            let l = exchange::listen(a.port)
+                .map_err(|e| format!("Couldn't listen to port {}: {e}", a.port))?;
+            perftest::server(&l, &params, &xcfg, prepare, connect)
+        }
+    }
+    .map_err(|e| e.to_string())?;
+    let peer_is_ferroce = session.negotiated.remote_version.contains("ferroce");
+    let remotes: Vec<RemoteBuf> = session
+        .remote_dests
+        .iter()
+        .map(|d| RemoteBuf {
+            addr: d.vaddr,
+            rkey: d.rkey,
+            len: per_qp,
+        })
+        .collect();
+    if !a.json {
+        for (m, r) in session.my_dests.iter().zip(&session.remote_dests) {
+            print_dest(" local address:", m);
+            print_dest(" remote address:", r);
+        }
+        println!("---------------------------------------------------------------------------------------");
+        if a.lat {
+            println!(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ");
+        } else if a.report_gbits {
+            println!(
+                " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]"
+            );
+        } else {
+            println!(
+                " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
+            );
+        }
+    }
+    // Buffers hold the check pattern before anything moves: a ferroce peer
+    // READing from us, or checking what it wrote, relies on it.
+    perf::fill_pattern(&mr, 0, mr.len(), PATTERN_SEED).map_err(|e| e.to_string())?;
+    let op = a.op();
+    let mut all_ok = true;
+    let mut last_report = BwReport::default();
+    for &size in &sizes {
+        let mut p = PerfParams::new(op, size, a.iters());
+        p.tx_depth = a.tx_depth;
+        p.duration = a.duration.map(Duration::from_secs);
+        if p.duration.is_some() {
+            p.iters = u64::MAX;
+        }
+        let result = if client {
+            run_client(a, &ends, &mr, &remotes, per_qp, &p)?
+        } else {
+            run_server(a, &ends, &mr, per_qp, &p)?
+        };
+        let Some((res, check)) = result else { continue };
+        let ok = match check {
+            Check::Verified => true,
+            Check::Mismatch(at) => {
+                eprintln!("data check FAILED for size {size}: first wrong byte at offset {at}");
+                false
+            }
+            Check::Skipped(why) => {
+                if !a.json {
+                    eprintln!("data check skipped for size {size}: {why}");
+                }
+                true
+            }
+        };
+        all_ok &= ok;
+        print_result(a, &res, ok, peer_is_ferroce);
+        last_report = BwReport {
+            size: u64::from(res.size),
+            iters: res.iters,
+            bw_peak: res.mb_per_sec(),
+            bw_avg: res.mb_per_sec(),
+            msg_rate_avg: res.mpps(),
+            ..BwReport::default()
+        };
+    }
+    if a.lat {
+        session.finish().map_err(|e| e.to_string())?;
+    } else {
+        let theirs = session.finish_bw(&last_report).map_err(|e| e.to_string())?;
+        if !client && !a.json {
+            // perftest reports exchange MB/s; show them in the unit asked for.
+            let unit = if a.report_gbits { 8.0 / 1000.0 } else { 1.0 };
+            println!(
+                " {:<10} {:<16} {:<18.2} {:<20.2} {:.6}",
+                theirs.size,
+                theirs.iters,
+                theirs.bw_peak * unit,
+                theirs.bw_avg * unit,
+                theirs.msg_rate_avg
+            );
+        }
+    }
+    if !a.json {
+        println!("---------------------------------------------------------------------------------------");
+    }
+    Ok(all_ok)
+}
+
+fn open(a: &Args, dev: Option<&str>) -> Result<Context, String> {
+    if a.pcap.is_none() {
+        return common::open_device(dev, a.backend, EngineMode::Thread);
+    }
+    let ifname = dev.map(|d| d.strip_prefix("ferroce_").unwrap_or(d).to_string());
+    let ifname = match ifname {
+        Some(i) => i,
+        None => common::default_interface()?,
+    };
+    let iface = ferroce_verbs::device::interface(&ifname).map_err(|e| e.to_string())?;
+    let mut cfg = ferroce_verbs::DeviceConfig::new(&ifname, a.backend);
+    cfg.udp_bind = iface
+        .addrs
+        .iter()
+        .find(|x| x.ip.is_ipv4())
+        .map(|x| std::net::SocketAddr::new(x.ip, ferroce_nic::ROCE_V2_PORT));
+    cfg.pcap = a.pcap.clone();
+    Context::open(&cfg, ferroce_verbs::OpenOptions::default()).map_err(|e| e.to_string())
+}
+
+enum Check {
+    Verified,
+    Mismatch(u64),
+    Skipped(&'static str),
+}
+
+/// The client measures; returns the result and the data check.
+fn run_client(
+    a: &Args,
+    ends: &[End<'_>],
+    mr: &MemoryRegion<'_>,
+    remotes: &[RemoteBuf],
+    per_qp: u64,
+    p: &PerfParams,
+) -> Result<Option<(PerfResult, Check)>, String> {
+    let e0 = &ends[0];
+    if a.lat {
+        let res = match p.op {
+            PerfOp::Send => perf::send_lat(&e0.qp, &e0.cq, mr, p, true),
+            _ => perf::op_lat(&e0.qp, &e0.cq, mr, &remotes[0], p),
+        }
+        .map_err(|e| e.to_string())?;
+        return Ok(Some((
+            res,
+            Check::Skipped("latency tests move no checkable data"),
+        )));
+    }
+    // Each QP runs the test on its own slice of the buffer, concurrently.
+    let results: Vec<Result<PerfResult, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = ends
+            .iter()
+            .zip(remotes)
+            .map(|(e, r)| {
+                s.spawn(move || {
+                    perf::bw_requester(&e.qp, &e.cq, mr, r, p).map_err(|x| x.to_string())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("worker panicked".into())))
+            .collect()
+    });
+    let mut total: Option<PerfResult> = None;
+    for r in results {
+        let r = r?;
+        total = Some(match total {
+            None => r,
+            Some(mut t) => {
+                t.iters += r.iters;
+                t.elapsed = t.elapsed.max(r.elapsed);
+                t
+            }
+        });
+    }
+    let Some(res) = total else { return Ok(None) };
+    let check = verify_client(ends, mr, remotes, per_qp, p, &res)?;
+    Ok(Some((res, check)))
+}
+
+/// WRITE: read back what we wrote and compare. READ: what arrived must be
+/// the peer's pattern (a ferroce peer fills it). Atomic and SEND: checked
+/// on the other side or by the counter.
+fn verify_client(
+    ends: &[End<'_>],
+    mr: &MemoryRegion<'_>,
+    remotes: &[RemoteBuf],
+    per_qp: u64,
+    p: &PerfParams,
+    res: &PerfResult,
+) -> Result<Check, String> {
+    let span = (u64::from(res.size) * res.iters.min(1 << 20)).min(per_qp / 2);
+    match p.op {
+        PerfOp::Write => {
+            // READ the written span of QP 0's remote buffer into the upper half of our slice.
+            let e = &ends[0];
+            let rp = PerfParams::new(PerfOp::Read, span.min(1 << 30) as u32, 1);
+            let scratch = per_qp / 2;
+            let sge = [mr.sge(scratch, span as u32)];
+            let mut wr = ferroce_verbs::SendWr::new(
+                u64::MAX,
+                ferroce_verbs::SendOp::RdmaRead {
+                    remote_addr: remotes[0].addr,
+                    rkey: remotes[0].rkey,
+                },
+                &sge,
+            );
+            wr.flags.signaled = true;
+            e.qp.post_send(&[wr]).map_err(|x| x.to_string())?;
+            let wc = e.cq.poll_n(1, rp.timeout).map_err(|x| x.to_string())?;
+            if wc.first().map(|w| w.status) != Some(ferroce_verbs::WcStatus::Success) {
+                return Ok(Check::Skipped(
+                    "the peer does not allow reading its buffer back",
+                ));
+            }
+            let mut sent = vec![0u8; span as usize];
+            let mut back = vec![0u8; span as usize];
+            mr.read(0, &mut sent).map_err(|x| x.to_string())?;
+            mr.read(scratch, &mut back).map_err(|x| x.to_string())?;
+            Ok(match sent.iter().zip(&back).position(|(x, y)| x != y) {
+                None => Check::Verified,
+                Some(i) => Check::Mismatch(i as u64),
+            })
+        }
+        PerfOp::Read => {
+            match perf::check_pattern(mr, 0, span, PATTERN_SEED).map_err(|x| x.to_string())? {
+                None => Ok(Check::Verified),
+                Some(_) => Ok(Check::Skipped(
+                    "the peer's buffer does not hold ferroce's pattern",
+                )),
+            }
+        }
+        _ => Ok(Check::Skipped("checked by the receiving side")),
+    }
+}
+
+/// The server: passive for WRITE/READ/atomic; receives for SEND.
+fn run_server(
+    a: &Args,
+    ends: &[End<'_>],
+    mr: &MemoryRegion<'_>,
+    per_qp: u64,
+    p: &PerfParams,
+) -> Result<Option<(PerfResult, Check)>, String> {
+    let e0 = &ends[0];
+    match (p.op, a.lat) {
+        (PerfOp::Send, true) => {
+            let res = perf::send_lat(&e0.qp, &e0.cq, mr, p, false).map_err(|e| e.to_string())?;
+            Ok(Some((
+                res,
+                Check::Skipped("latency tests move no checkable data"),
+            )))
+        }
+        (PerfOp::Send, false) if p.duration.is_none() => {
+            let t = std::time::Instant::now();
+            let mut got = 0;
+            std::thread::scope(|s| -> Result<(), String> {
+                let hs: Vec<_> = ends
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| {
+                        s.spawn(move || {
+                            let _ = i;
+                            perf::bw_receiver(&e.qp, &e.cq, mr, p, 512).map_err(|x| x.to_string())
+                        })
+                    })
+                    .collect();
+                for h in hs {
+                    got += h.join().unwrap_or_else(|_| Err("worker panicked".into()))?;
+                }
+                Ok(())
+            })?;
+            let res = PerfResult {
+                op: p.op,
+                size: p.size,
+                iters: got,
+                elapsed: t.elapsed(),
+                lat_us: Vec::new(),
+            };
+            // The received messages hold the sender's pattern (ferroce peers fill it).
+            let span = (u64::from(p.size)).min(per_qp);
+            let check =
+                match perf::check_pattern(mr, 0, span, PATTERN_SEED).map_err(|x| x.to_string())? {
+                    None => Check::Verified,
+                    Some(_) => Check::Skipped("the sender's data is not ferroce's pattern"),
+                };
+            Ok(Some((res, check)))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn print_header(a: &Args, ctx: &Context, mtu: u32, client: bool) {
+    if a.json {
+        return;
+    }
+    println!(
+        "---------------------------------------------------------------------------------------"
+    );
+    println!("                    {}", a.title());
+    println!(" Dual-port       : OFF\t\tDevice         : {}", ctx.name());
+    println!(" Number of qps   : {}\t\tTransport type : IB", a.qps);
+    println!(" Connection type : RC\t\tUsing SRQ      : OFF");
+    println!(
+        " {} TX depth      : {}",
+        if client { "" } else { " " },
+        a.tx_depth
+    );
+    println!(" Mtu             : {mtu}[B]");
+    println!(" Link type       : Ethernet");
+    println!(
+        " GID index       : {}",
+        a.gid_index
+            .unwrap_or_else(|| common::default_gid_index(ctx))
+    );
+    println!(" Backend         : {}", ctx.backend());
+    println!(
+        "---------------------------------------------------------------------------------------"
+    );
+}
+
+fn print_dest(label: &str, d: &PerftestDest) {
+    let g = std::net::Ipv6Addr::from(d.gid);
+    println!(
+        "{label:<16} LID {:#06x} QPN {:#08x} PSN {:#08x} RKey {:#010x} VAddr {:#018x}",
+        d.lid, d.qpn, d.psn, d.rkey, d.vaddr
+    );
+    println!(" GID: {g}");
+}
+
+fn print_result(a: &Args, r: &PerfResult, ok: bool, peer_is_ferroce: bool) {
+    if a.json {
+        let mut v = serde_json::json!({
+            "test": a.title(),
+            "bytes": r.size,
+            "iterations": r.iters,
+            "seconds": r.elapsed.as_secs_f64(),
+            "data_verified": ok,
+            "peer_is_ferroce": peer_is_ferroce,
+        });
+        if let Some((min, typ, avg, p99, max)) = r.lat_summary() {
+            v["t_min_us"] = min.into();
+            v["t_typical_us"] = typ.into();
+            v["t_avg_us"] = avg.into();
+            v["t_p99_us"] = p99.into();
+            v["t_max_us"] = max.into();
+        } else {
+            v["bw_mb_s"] = r.mb_per_sec().into();
+            v["bw_gbit_s"] = r.gbits().into();
+            v["msg_rate_mpps"] = r.mpps().into();
+        }
+        println!("{v}");
+        return;
+    }
+    if let Some((min, typ, avg, p99, max)) = r.lat_summary() {
+        let n = r.lat_us.len() as f64;
+        let var = r.lat_us.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / n;
+        let mut v = r.lat_us.clone();
+        v.sort_by(|x, y| x.total_cmp(y));
+        let p999 = v[((n * 0.999) as usize).min(v.len() - 1)];
+        println!(
+            " {:<6} {:<10} {:<14.2} {:<12.2} {:<16.2} {:<14.2} {:<15.2} {:<22.2} {:.2}",
+            r.size,
+            r.iters,
+            min,
+            max,
+            typ,
+            avg,
+            var.sqrt(),
+            p99,
+            p999
+        );
+    } else {
+        let bw = if a.report_gbits {
+            r.gbits()
+        } else {
+            r.mb_per_sec()
+        };
+        println!(
+            " {:<10} {:<16} {:<18.2} {:<20.2} {:.6}",
+            r.size,
+            r.iters,
+            bw,
+            bw,
+            r.mpps()
+        );
+    }
+}
