@@ -22,6 +22,14 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Test network of namespace hosts: `netns up [HOSTS] [NAME]` creates
+    /// them (veth/bridge, MTU 9000, IPv4+IPv6) and prints one line per host;
+    /// `netns down` removes every ferroce namespace. Needs root.
+    Netns {
+        /// up [HOSTS] [NAME] | down
+        #[arg(num_args = 1.., required = true)]
+        args: Vec<String>,
+    },
     /// perftest-style bandwidth / latency: write, read, send or atomic
     /// (ib_write_bw, ib_read_lat, ...); a stock perftest can be the peer.
     Bench(bench::Args),
@@ -58,6 +66,19 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Netns { args } => match ferroce_nic::netns::cli(&args) {
+            Ok(out) => {
+                print!("{out}");
+                if !out.is_empty() && !out.ends_with('\n') {
+                    println!();
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("ferroce netns: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Bench(a) => ExitCode::from(bench::run(a) as u8),
         Command::Pingpong(a) => ExitCode::from(pingpong::run(a) as u8),
         Command::Devices { all } => ExitCode::from(devices::run(all) as u8),
