@@ -190,6 +190,14 @@ ln -sf busybox "$root/bin/sh"
 
 # --- kernel modules ------------------------------------------------------------------------------
 moddir="$work/kernel/lib/modules/$kver"
+# Newer Debian kernels ship compressed modules; busybox insmod wants them plain.
+while IFS= read -r f; do
+    case "$f" in
+    *.ko.xz) xz -d "$f" ;;
+    *.ko.zst) zstd -q -d --rm "$f" || die "zstd needed for $f" ;;
+    *.ko.gz) gzip -d "$f" ;;
+    esac
+done < <(find "$moddir" -name '*.ko.xz' -o -name '*.ko.zst' -o -name '*.ko.gz')
 declare -A modpath=()
 while IFS= read -r f; do
     b="$(basename "$f" .ko)"
@@ -198,6 +206,7 @@ while IFS= read -r f; do
 done < <(find "$moddir" -name '*.ko')
 declare -A emitted=()
 order=()
+# emit MODULE [optional]: MODULE after its dependencies (modinfo's depends=, read from the .ko).
 emit() {
     local m="${1//-/_}" f deps d
     [ -n "${emitted[$m]:-}" ] && return 0
@@ -206,6 +215,7 @@ emit() {
     if [ -z "$f" ]; then
         grep -q "/$m.ko\$" "$moddir/modules.builtin" 2>/dev/null && return 0
         grep -q "/${1}.ko\$" "$moddir/modules.builtin" 2>/dev/null && return 0
+        [ "${2:-}" = optional ] && { log "module $1 not found, skipped"; return 0; }
         die "module $1 neither in the package nor built in"
     fi
     emitted[$m]=1
@@ -213,12 +223,18 @@ emit() {
     for d in ${deps//,/ }; do emit "$d"; done
     order+=("$m")
 }
-# crc32_generic is not a declared dependency but rxe asks the crypto API for crc32 at link time;
-# without it `rdma link add` fails. virtio_ring before virtio per the shared notes.
-for m in crc32_generic virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci \
-    failover net_failover virtio_net udp_tunnel ip6_udp_tunnel ib_core ib_uverbs rdma_rxe \
-    ib_umad configfs ib_cm iw_cm rdma_cm rdma_ucm sch_netem netfs fscache 9pnet 9pnet_virtio 9p; do
+# crc32_generic is not a declared dependency but rxe (6.1) asks the crypto API for crc32 at link
+# time; without it `rdma link add` fails. virtio_ring before virtio per the shared notes.
+for m in crc32_generic virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev; do
+    emit "$m" optional
+done
+for m in virtio_pci failover net_failover virtio_net udp_tunnel ip6_udp_tunnel ib_core ib_uverbs \
+    rdma_rxe; do
     emit "$m"
+done
+# Useful extras (rdma_cm tools, netem, the 9p share): their absence does not stop rxe.
+for m in ib_umad configfs ib_cm iw_cm rdma_cm rdma_ucm sch_netem netfs fscache 9pnet 9pnet_virtio 9p; do
+    emit "$m" optional
 done
 mkdir -p "$root/lib/modules"
 : >"$root/etc/ferroce-modules"
