@@ -764,6 +764,26 @@ impl RxeVm {
         })
     }
 
+    /// Waits until a TCP socket listens on `port` in the VM (e.g. 18515, the side channel of
+    /// ibv_*_pingpong and perftest), so a client started next does not find the port closed.
+    pub fn wait_listening(&self, port: u16, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let cmd = format!("netstat -ltn | grep -q ':{port} '");
+        loop {
+            if self.run_timeout(&cmd, timeout)?.success() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    vm: self.name.clone(),
+                    what: format!("waiting for TCP port {port} to listen"),
+                    after: timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Reads a file of the VM (through the control channel: fine for kilobytes; use
     /// [`RxeVm::share_dir`] for bulk).
     pub fn read_file(&self, path: &str) -> Result<Vec<u8>> {

@@ -41,20 +41,6 @@ fn captures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("captures")
 }
 
-/// Waits until something listens on TCP `port` in `vm` (the tools' side channel).
-fn wait_listening(vm: &RxeVm, port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let cmd = format!("netstat -ltn | grep -q ':{port} '");
-    while !vm.run(&cmd).unwrap().success() {
-        assert!(
-            Instant::now() < deadline,
-            "nothing listens on {port} in {}",
-            vm.name()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn show(what: &str, out: &Output) -> String {
     format!(
         "{what}: status {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
@@ -75,7 +61,7 @@ fn pair(lab: &RxeLab, capture: &str, server: &str, client: &str) -> (Output, Out
     let cap = lab.capture(c.tap(), &pcap, "udp port 4791").unwrap();
     let started = Instant::now();
     let srv = s.spawn(server).unwrap();
-    wait_listening(s, 18515);
+    s.wait_listening(18515, Duration::from_secs(60)).unwrap();
     let client = client.replace("{server}", &s.ip().to_string());
     let cli_out = c.run_timeout(&client, Duration::from_secs(240)).unwrap();
     let srv_out = srv.wait_timeout(Duration::from_secs(60)).unwrap();
