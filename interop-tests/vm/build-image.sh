@@ -103,6 +103,8 @@ mapfile -t pkgs < <(closure "${roots[@]}")
 [ "${#pkgs[@]}" -gt "${#roots[@]}" ] || die "package closure looks wrong: ${pkgs[*]}"
 
 debs="$cache/debs"
+# Fresh each build: with only this build's downloads present, "the .deb of package X" is unique.
+rm -rf "$debs"
 mkdir -p "$debs"
 download() {
     (cd "$debs" && apt-get download -q "$@" >&2 2>/dev/null) || return 1
@@ -270,6 +272,8 @@ mv -f "$work/vmlinuz" "$cache/vmlinuz"
 if [ -f "$work/vmlinux" ]; then mv -f "$work/vmlinux" "$cache/vmlinux"; else rm -f "$cache/vmlinux"; fi
 mv -f "$work/initramfs.cpio" "$cache/initramfs.cpio"
 echo "$kver" >"$cache/kernel-version"
+# What went in, for reproducing a given image.
+(cd "$debs" && ls *.deb) >"$cache/packages.txt"
 rm -rf "$work"
 {
     echo "$key"
