@@ -207,6 +207,9 @@ pub struct DeviceConfig {
     pub netns: Option<String>,
     /// Record every frame sent and received to this pcap file.
     pub pcap: Option<std::path::PathBuf>,
+    /// Inject seeded loss, duplication, reordering, corruption and delay on
+    /// receive (where `tc netem` is not available, as on this kernel).
+    pub faults: Option<ferroce_nic::FaultConfig>,
 }
 
 impl DeviceConfig {
@@ -218,6 +221,7 @@ impl DeviceConfig {
             seed: seed_from_os(),
             netns: None,
             pcap: None,
+            faults: None,
         }
     }
 }
@@ -286,6 +290,10 @@ pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
         };
         match r {
             Ok((io, udp_local)) => {
+                let io = match cfg.faults {
+                    None => io,
+                    Some(f) => Box::new(ferroce_nic::FaultIo::new(io, f)?) as Box<dyn PacketIo>,
+                };
                 let io = match &cfg.pcap {
                     None => io,
                     Some(path) => {
