@@ -132,10 +132,15 @@ impl core::fmt::Debug for Network {
 impl Network {
     /// `n` cores with default limits; core `i` is seeded from `seed` and `i`.
     pub fn new(n: usize, link: LinkConfig, seed: u64) -> Network {
+        Network::with_config(n, link, seed, Config::default())
+    }
+
+    /// `n` cores with the limits in `cfg`.
+    pub fn with_config(n: usize, link: LinkConfig, seed: u64, cfg: Config) -> Network {
         let cores = (0..n)
             .map(|i| {
                 Core::new(
-                    Config::default(),
+                    cfg,
                     seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i as u64 + 1)),
                 )
             })

@@ -31,22 +31,25 @@ impl Qp {
                 let w = self.sq.at(head);
                 (w.op, w.first_psn, w.last_psn, w.state)
             };
+            if self.complete_implied(ctx) {
+                continue;
+            }
             // rxe: rxe_comp.c check_psn.
             if psn::diff(p, last_psn) > 0 {
-                if state != WqeState::Pending {
-                    ctx.stats.count("rx_response_bad_psn");
+                if op.is_read_or_atomic() && state != WqeState::Pending {
+                    // Being asked for again already.
+                    ctx.stats.count("rx_response_during_retry");
                     return;
                 }
                 if op.is_read_or_atomic() {
                     // An ACK beyond a READ/atomic whose response never came:
                     // the response was lost, ask again (implied NAK, C9-148).
-                    self.retry_or_fail(ctx);
+                    self.retry_or_fail(ctx, false);
                     return;
                 }
                 // Coalesced ACK: this WQE is done, look at the next one.
                 self.req.comp_psn = psn::add(last_psn, 1);
-                self.complete_head(WcStatus::Success, ctx);
-                self.progress(ctx);
+                self.complete_acked_head(ctx);
                 continue;
             }
             let d = psn::diff(p, self.req.comp_psn);
@@ -140,15 +143,17 @@ impl Qp {
                     return;
                 }
                 self.req.comp_psn = psn::add(p, 1);
-                if p == last_psn && self.sq.at(head).state == WqeState::Pending {
-                    self.complete_head(WcStatus::Success, ctx);
+                if p == last_psn {
+                    self.complete_acked_head(ctx);
+                } else {
+                    self.progress(ctx);
                 }
-                self.progress(ctx);
             }
             Syndrome::RnrNak { timer } => {
                 ctx.stats.rnr_naks_received += 1;
                 // C9-128: packets before the NAKed PSN are acknowledged.
                 self.req.comp_psn = p;
+                while self.complete_implied(ctx) {}
                 if self.req.rnr_retry == 0 {
                     self.fail_send(head, WcStatus::RnrRetryExcErr, ctx);
                     return;
@@ -163,7 +168,8 @@ impl Qp {
             Syndrome::Nak(NakCode::PsnSequenceError) => {
                 ctx.stats.naks_received += 1;
                 self.req.comp_psn = p;
-                self.retry_or_fail(ctx);
+                while self.complete_implied(ctx) {}
+                self.retry_or_fail(ctx, false);
             }
             Syndrome::Nak(code) => {
                 ctx.stats.naks_received += 1;
@@ -181,8 +187,44 @@ impl Qp {
         }
     }
 
+    /// Complete the head WQE if it is a SEND/WRITE whose every PSN lies before
+    /// `comp_psn`: a NAK or RNR NAK acknowledges the PSNs before the one it
+    /// names (C9-128), so no later ACK may name this WQE's last PSN. Without
+    /// this, such an ACK would look like a duplicate and the WQE would wait
+    /// forever. Returns whether it completed one.
+    fn complete_implied(&mut self, ctx: &mut Ctx<'_>) -> bool {
+        if self.sq.is_empty() {
+            return false;
+        }
+        let w = self.sq.at(self.sq.head);
+        if w.state == WqeState::Pending
+            && !w.op.is_read_or_atomic()
+            && psn::diff(self.req.comp_psn, w.last_psn) > 0
+        {
+            self.complete_head(WcStatus::Success, ctx);
+            self.progress(ctx);
+            return true;
+        }
+        false
+    }
+
+    /// The responder has all of the oldest SEND/WRITE: complete it, even if a
+    /// retry was resending it, and make sure the requester moves past it.
+    fn complete_acked_head(&mut self, ctx: &mut Ctx<'_>) {
+        let last = self.sq.at(self.sq.head).last_psn;
+        let resending = self.req.next == self.sq.head;
+        self.complete_head(WcStatus::Success, ctx);
+        let after = psn::add(last, 1);
+        if resending && psn::diff(self.req.psn, after) < 0 {
+            self.req.psn = after;
+            self.req.noack_pkts = 0;
+        }
+        self.progress(ctx);
+    }
+
     /// The requester made progress: reset retry counters, rearm or stop the ACK timer.
     fn progress(&mut self, ctx: &mut Ctx<'_>) {
+        self.req.retry_psn = None;
         self.req.retry_cnt = self.attr.retry_cnt;
         self.req.rnr_retry = self.attr.rnr_retry;
         if self.req.comp_psn != self.req.psn {
@@ -196,7 +238,14 @@ impl Qp {
 
     /// Count a retry against retry_cnt (7 = forever) and go back, or fail
     /// with RETRY_EXC_ERR (rxe: COMPST_ERROR_RETRY).
-    pub(crate) fn retry_or_fail(&mut self, ctx: &mut Ctx<'_>) {
+    pub(crate) fn retry_or_fail(&mut self, ctx: &mut Ctx<'_>, timeout: bool) {
+        // A NAK or implied NAK for the PSN a retry already restarted from is an
+        // echo of packets sent before that retry: going back again would only
+        // resend the window once more. The ACK timer covers a lost retry.
+        if !timeout && self.req.retry_psn == Some(self.req.comp_psn) {
+            ctx.stats.count("retry_suppressed");
+            return;
+        }
         if self.req.retry_cnt == 0 {
             let head = self.sq.head;
             self.fail_send(head, WcStatus::RetryExcErr, ctx);
@@ -221,7 +270,7 @@ impl Qp {
             && self.sq.at(self.sq.head).state != WqeState::Posted
         {
             ctx.stats.timeouts += 1;
-            self.retry_or_fail(ctx);
+            self.retry_or_fail(ctx, true);
         }
     }
 

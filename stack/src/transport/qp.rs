@@ -507,6 +507,8 @@ pub(crate) struct ReqState {
     pub noack_pkts: u32,
     pub retry_cnt: u8,
     pub rnr_retry: u8,
+    /// `comp_psn` when the last go-back-N started, until progress is made.
+    pub retry_psn: Option<u32>,
 }
 
 /// A queue pair.

@@ -159,7 +159,10 @@ impl Qp {
             Some(d) if self.qp_type == QpType::Ud => d.path.packet_template(self.qpn, d.remote_qpn),
             _ => self.hdr,
         };
-        let psn_now = self.req.psn;
+        // The PSN follows from the WQE and the offset, so header and data
+        // always agree whatever path led here (first send or any retry).
+        let first_psn = self.sq.at(idx).first_psn;
+        let psn_now = psn::add(first_psn, (sent / mtu) as u32);
         repr.bth.psn = psn_now;
         let mut ext = ExtHeaders::default();
         let (payload_len, first, last, consumed) = match op {
@@ -319,6 +322,7 @@ impl Qp {
         let mtu = self.mtu();
         let comp = self.req.comp_psn;
         self.req.psn = comp;
+        self.req.retry_psn = Some(comp);
         self.req.noack_pkts = 0;
         let mut i = self.sq.head;
         let mut first = None;
@@ -332,7 +336,13 @@ impl Qp {
             } else {
                 packets(w.len, mtu)
             };
-            let done = psn::diff(comp, w.first_psn).clamp(0, total as i32 - 1) as u64;
+            // Only the oldest WQE resumes mid-message; the PSNs of the ones
+            // after it follow on from there, so they restart from their start.
+            let done = if first.is_none() {
+                psn::diff(comp, w.first_psn).clamp(0, total as i32 - 1) as u64
+            } else {
+                0
+            };
             w.sent = if w.op.is_atomic() {
                 0
             } else {

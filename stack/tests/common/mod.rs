@@ -49,7 +49,19 @@ impl Pair {
         npairs: usize,
         psn: (u32, u32),
     ) -> Pair {
-        let mut net = Network::new(2, link, seed);
+        let window = std::env::var("FERROCE_WINDOW")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(Config::default().max_unacked_psns);
+        let mut net = Network::with_config(
+            2,
+            link,
+            seed,
+            Config {
+                max_unacked_psns: window,
+                ..Config::default()
+            },
+        );
         let mut nodes = Vec::new();
         for i in 0..2 {
             let c = &mut net.cores[i];
