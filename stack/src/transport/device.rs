@@ -795,3 +795,41 @@ impl Core {
 pub fn wc_ok(wc: &WorkCompletion) -> bool {
     wc.status == WcStatus::Success
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::qp::QpCap;
+
+    #[test]
+    fn ten_thousand_qps_and_small_idle_qp() {
+        // The budget: ≤ 2 KiB per idle QP beyond its queues.
+        assert!(
+            core::mem::size_of::<Qp>() <= 2048,
+            "{}",
+            core::mem::size_of::<Qp>()
+        );
+        let mut c = Core::new(Config::default(), 1);
+        let pd = c.alloc_pd();
+        let cq = c.create_cq(16).unwrap();
+        let init = QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 1,
+                max_recv_wr: 1,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        };
+        let qpns: Vec<u32> = (0..10_000)
+            .map(|_| c.create_qp(pd, &init).unwrap())
+            .collect();
+        assert_eq!(qpns.len(), 10_000);
+        assert_eq!(c.qp_state(qpns[9_999]), Some(QpState::Reset));
+    }
+}
