@@ -179,7 +179,9 @@ impl Context {
             Some(i) => i.mtu,
             None => (io.max_frame_len().saturating_sub(14)) as u32,
         };
-        let c = opts.core;
+        let mut c = opts.core;
+        // UD QPs take the port's MTU (rxe does the same).
+        c.port_mtu = device::ib_mtu_for(eth_mtu);
         let attr = DeviceAttr {
             max_qp: c.max_qp,
             max_qp_wr: c.max_qp_wr,

@@ -40,6 +40,9 @@ pub struct Config {
     pub max_unacked_psns: u32,
     /// Largest message (IBTA: 2^31 bytes).
     pub max_msg_size: u64,
+    /// The port's active path MTU in bytes. UD QPs have no path MTU
+    /// attribute; like rxe they use the port's (rxe_av / port attr).
+    pub port_mtu: u32,
 }
 
 impl Default for Config {
@@ -54,6 +57,7 @@ impl Default for Config {
             max_inline_data: 256,
             max_unacked_psns: 128,
             max_msg_size: 1 << 31,
+            port_mtu: 4096,
         }
     }
 }
@@ -424,7 +428,11 @@ impl Core {
             }
         };
         let qpn = slot + QPN_BASE;
-        self.qps[slot as usize] = Some(Box::new(Qp::new(qpn, pd, init)));
+        let mut qp = Box::new(Qp::new(qpn, pd, init));
+        if init.qp_type == QpType::Ud {
+            qp.attr.path_mtu = self.cfg.port_mtu;
+        }
+        self.qps[slot as usize] = Some(qp);
         Ok(qpn)
     }
 
