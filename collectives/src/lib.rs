@@ -4,5 +4,23 @@
 //! PMI and Slurm, rendezvous over TCP, and runs point-to-point and collective
 //! operations (allreduce, broadcast, reduce, allgather, reduce-scatter,
 //! alltoall, barrier) with algorithms chosen by message size and rank count,
-//! over `ferroce-verbs` or over rdma-core's libibverbs.
+//! over `ferroce-verbs`. The reduction order of each algorithm is in [`algo`].
 #![forbid(unsafe_code)]
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod algo;
+pub mod bootstrap;
+pub mod communicator;
+pub mod dtype;
+pub mod error;
+pub mod transport;
+pub mod world;
+
+pub use bootstrap::{Bootstrap, Rendezvous};
+pub use communicator::{AllreduceAlgo, Algorithms, Communicator, TreeAlgo};
+pub use dtype::{DType, Element, ReduceOp};
+pub use error::{Error, Result};
+pub use half;
+pub use transport::local::{local_world, LocalTransport};
+pub use transport::rdma::{RdmaConfig, RdmaEndpoint, RdmaTransport};
+pub use transport::Transport;

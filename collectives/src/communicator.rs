@@ -1,0 +1,482 @@
+//! The communicator: a group of ranks over a shared transport, with
+//! point-to-point and collective operations.
+//!
+//! Operations are matched by order: every rank of a communicator must call
+//! the same collectives in the same order (as in MPI and NCCL). Buffers are
+//! typed slices of an [`Element`]; counts are element counts.
+
+use std::cell::RefCell;
+use std::ops::Range;
+use std::rc::Rc;
+
+use crate::dtype::{Element, ReduceOp};
+use crate::error::{Error, Result};
+use crate::transport::Transport;
+
+/// Allreduce algorithm choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllreduceAlgo {
+    /// Recursive doubling below `small_bytes` (or fewer elements than ranks), ring above.
+    Auto,
+    /// Reduce-scatter then allgather around the ring: bandwidth-optimal.
+    Ring,
+    /// Recursive doubling (pairs exchange whole vectors): latency-optimal.
+    RecursiveDoubling,
+}
+
+/// Broadcast / reduce algorithm choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TreeAlgo {
+    /// Binomial below `chain_bytes` or with ≤ 2 ranks, pipelined chain above.
+    Auto,
+    Binomial,
+    Chain,
+}
+
+/// Algorithm selection and its thresholds (the override knob).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Algorithms {
+    pub allreduce: AllreduceAlgo,
+    pub broadcast: TreeAlgo,
+    pub reduce: TreeAlgo,
+    /// Auto allreduce uses recursive doubling up to this many bytes.
+    pub small_bytes: usize,
+    /// Auto broadcast/reduce use the chain from this many bytes.
+    pub chain_bytes: usize,
+    /// Segment of the pipelined chain, bytes.
+    pub segment_bytes: usize,
+}
+
+impl Default for Algorithms {
+    fn default() -> Self {
+        Algorithms {
+            allreduce: AllreduceAlgo::Auto,
+            broadcast: TreeAlgo::Auto,
+            reduce: TreeAlgo::Auto,
+            small_bytes: 64 << 10,
+            chain_bytes: 512 << 10,
+            segment_bytes: 128 << 10,
+        }
+    }
+}
+
+impl Algorithms {
+    /// Defaults, overridden by `FERROCE_ALLREDUCE_ALGO` (`ring`, `rd`),
+    /// `FERROCE_BCAST_ALGO` and `FERROCE_REDUCE_ALGO` (`binomial`, `chain`).
+    pub fn from_env() -> Result<Algorithms> {
+        let mut a = Algorithms::default();
+        if let Ok(v) = std::env::var("FERROCE_ALLREDUCE_ALGO") {
+            a.allreduce = parse_allreduce(&v)?;
+        }
+        if let Ok(v) = std::env::var("FERROCE_BCAST_ALGO") {
+            a.broadcast = parse_tree(&v)?;
+        }
+        if let Ok(v) = std::env::var("FERROCE_REDUCE_ALGO") {
+            a.reduce = parse_tree(&v)?;
+        }
+        Ok(a)
+    }
+}
+
+pub fn parse_allreduce(s: &str) -> Result<AllreduceAlgo> {
+    match s {
+        "auto" => Ok(AllreduceAlgo::Auto),
+        "ring" => Ok(AllreduceAlgo::Ring),
+        "rd" | "recursive-doubling" => Ok(AllreduceAlgo::RecursiveDoubling),
+        o => Err(Error::Invalid(format!("allreduce algorithm {o:?} (auto, ring, rd)"))),
+    }
+}
+
+pub fn parse_tree(s: &str) -> Result<TreeAlgo> {
+    match s {
+        "auto" => Ok(TreeAlgo::Auto),
+        "binomial" | "tree" => Ok(TreeAlgo::Binomial),
+        "chain" | "pipeline" => Ok(TreeAlgo::Chain),
+        o => Err(Error::Invalid(format!("tree algorithm {o:?} (auto, binomial, chain)"))),
+    }
+}
+
+/// A group of ranks. Not `Send`: one communicator per rank thread; the
+/// communicators made by [`Communicator::split`] share its transport.
+pub struct Communicator<'t> {
+    pub(crate) transport: Rc<RefCell<dyn Transport + 't>>,
+    /// World rank of each member, by communicator rank.
+    pub(crate) members: Vec<usize>,
+    pub(crate) rank: usize,
+    pub(crate) algos: Algorithms,
+}
+
+impl std::fmt::Debug for Communicator<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank)
+            .field("members", &self.members)
+            .field("algos", &self.algos)
+            .finish()
+    }
+}
+
+pub(crate) fn bytes<T: Element>(s: &[T]) -> &[u8] {
+    bytemuck::cast_slice(s)
+}
+pub(crate) fn bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(s)
+}
+
+/// Block `i` of `n` of a `count`-element vector: the first `count % n`
+/// blocks have one element more.
+pub(crate) fn block(count: usize, n: usize, i: usize) -> Range<usize> {
+    let (q, r) = (count / n, count % n);
+    let start = i * q + i.min(r);
+    start..start + q + usize::from(i < r)
+}
+
+/// `(&buf[a], &mut buf[b])` for disjoint ranges.
+pub(crate) fn split_pair<T>(buf: &mut [T], a: Range<usize>, b: Range<usize>) -> (&[T], &mut [T]) {
+    if a.end <= b.start {
+        let (x, y) = buf.split_at_mut(b.start);
+        (&x[a], &mut y[..b.end - b.start])
+    } else {
+        let (x, y) = buf.split_at_mut(a.start);
+        (&y[..a.end - a.start], &mut x[b])
+    }
+}
+
+impl<'t> Communicator<'t> {
+    /// The world communicator of a transport, with algorithms from the environment.
+    pub fn new(transport: impl Transport + 't) -> Result<Communicator<'t>> {
+        let algos = Algorithms::from_env()?;
+        let rank = transport.rank();
+        let members = (0..transport.size()).collect();
+        Ok(Communicator {
+            transport: Rc::new(RefCell::new(transport)),
+            members,
+            rank,
+            algos,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+    pub fn algorithms(&self) -> Algorithms {
+        self.algos
+    }
+    /// Override algorithm choices for this communicator.
+    pub fn set_algorithms(&mut self, a: Algorithms) {
+        self.algos = a;
+    }
+
+    /// Run sends and receives (communicator ranks) together.
+    pub(crate) fn xchg(
+        &self,
+        sends: &[(usize, &[u8])],
+        recvs: &mut [(usize, &mut [u8])],
+    ) -> Result<()> {
+        let n = self.size();
+        let world = |r: usize| {
+            self.members
+                .get(r)
+                .copied()
+                .ok_or_else(|| Error::Invalid(format!("rank {r} is outside a communicator of {n}")))
+        };
+        let s: Vec<(usize, &[u8])> = sends
+            .iter()
+            .map(|&(r, b)| Ok((world(r)?, b)))
+            .collect::<Result<_>>()?;
+        let mut rv: Vec<(usize, &mut [u8])> = Vec::with_capacity(recvs.len());
+        for (r, b) in recvs.iter_mut() {
+            rv.push((world(*r)?, &mut **b));
+        }
+        self.transport.borrow_mut().exchange(&s, &mut rv)
+    }
+
+    pub(crate) fn sendrecv<T: Element>(
+        &self,
+        send: Option<(usize, &[T])>,
+        recv: Option<(usize, &mut [T])>,
+    ) -> Result<()> {
+        let sends: Vec<(usize, &[u8])> = send.map(|(r, b)| (r, bytes(b))).into_iter().collect();
+        let mut recvs: Vec<(usize, &mut [u8])> =
+            recv.map(|(r, b)| (r, bytes_mut(b))).into_iter().collect();
+        self.xchg(&sends, &mut recvs)
+    }
+
+    fn check_rank(&self, r: usize, what: &str) -> Result<()> {
+        if r >= self.size() {
+            return Err(Error::Invalid(format!(
+                "{what} rank {r} in a communicator of {}",
+                self.size()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
+        if got != want {
+            return Err(Error::Invalid(format!(
+                "{what} has {got} elements, {want} expected"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Send `buf` to `dst` (matched by the `dst`'s `recv` of the same length).
+    pub fn send<T: Element>(&self, buf: &[T], dst: usize) -> Result<()> {
+        self.check_rank(dst, "destination")?;
+        if dst == self.rank {
+            return Err(Error::Invalid("send to self".into()));
+        }
+        self.sendrecv::<T>(Some((dst, buf)), None)
+    }
+
+    /// Receive exactly `buf.len()` elements from `src`.
+    pub fn recv<T: Element>(&self, buf: &mut [T], src: usize) -> Result<()> {
+        self.check_rank(src, "source")?;
+        if src == self.rank {
+            return Err(Error::Invalid("receive from self".into()));
+        }
+        self.sendrecv::<T>(None, Some((src, buf)))
+    }
+
+    /// Dissemination barrier: ⌈log2 n⌉ rounds of one-byte tokens.
+    pub fn barrier(&self) -> Result<()> {
+        let (n, r) = (self.size(), self.rank);
+        let mut dist = 1;
+        while dist < n {
+            let mut token = [0u8; 1];
+            self.sendrecv::<u8>(
+                Some(((r + dist) % n, &[1u8])),
+                Some(((r + n - dist) % n, &mut token)),
+            )?;
+            dist <<= 1;
+        }
+        Ok(())
+    }
+
+    /// Broadcast `buf` from `root` to every rank (in place).
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        self.check_rank(root, "root")?;
+        if self.size() == 1 || buf.is_empty() {
+            return Ok(());
+        }
+        let chain = match self.algos.broadcast {
+            TreeAlgo::Binomial => false,
+            TreeAlgo::Chain => true,
+            TreeAlgo::Auto => self.size() > 2 && std::mem::size_of_val(buf) >= self.algos.chain_bytes,
+        };
+        if chain {
+            self.bcast_chain(buf, root)
+        } else {
+            self.bcast_binomial(buf, root)
+        }
+    }
+
+    /// Reduce `send` from every rank into `recv` at `root` (`recv` is
+    /// ignored elsewhere and may be empty there).
+    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        self.check_rank(root, "root")?;
+        if self.rank == root {
+            Self::check_len("reduce receive buffer", recv.len(), send.len())?;
+            recv.copy_from_slice(send);
+            self.reduce_in_place(recv, op, root)
+        } else {
+            let mut acc = send.to_vec();
+            self.reduce_in_place(&mut acc, op, root)
+        }
+    }
+
+    /// Reduce into `buf` at `root`; other ranks' `buf` is left as it was.
+    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        self.check_rank(root, "root")?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if self.size() == 1 {
+            crate::dtype::finish(op, buf, 1);
+            return Ok(());
+        }
+        let chain = match self.algos.reduce {
+            TreeAlgo::Binomial => false,
+            TreeAlgo::Chain => true,
+            TreeAlgo::Auto => self.size() > 2 && std::mem::size_of_val(buf) >= self.algos.chain_bytes,
+        };
+        if self.rank == root {
+            if chain {
+                self.reduce_chain(buf, op, root)
+            } else {
+                self.reduce_binomial(buf, op, root)
+            }
+        } else {
+            let mut acc = buf.to_vec();
+            if chain {
+                self.reduce_chain(&mut acc, op, root)
+            } else {
+                self.reduce_binomial(&mut acc, op, root)
+            }
+        }
+    }
+
+    /// Allreduce out of place.
+    pub fn allreduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        Self::check_len("allreduce receive buffer", recv.len(), send.len())?;
+        recv.copy_from_slice(send);
+        self.allreduce_in_place(recv, op)
+    }
+
+    /// The algorithm [`Communicator::allreduce`] would use for `bytes` bytes
+    /// of `count` elements.
+    pub fn allreduce_algo_for(&self, bytes: usize, count: usize) -> AllreduceAlgo {
+        match self.algos.allreduce {
+            AllreduceAlgo::Auto => {
+                if bytes <= self.algos.small_bytes || count < self.size() {
+                    AllreduceAlgo::RecursiveDoubling
+                } else {
+                    AllreduceAlgo::Ring
+                }
+            }
+            a => a,
+        }
+    }
+
+    /// Allreduce in place.
+    pub fn allreduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if self.size() == 1 {
+            crate::dtype::finish(op, buf, 1);
+            return Ok(());
+        }
+        match self.allreduce_algo_for(std::mem::size_of_val(buf), buf.len()) {
+            AllreduceAlgo::Ring => self.allreduce_ring(buf, op),
+            _ => self.allreduce_recursive_doubling(buf, op),
+        }
+    }
+
+    /// Gather `send` (count elements) from every rank into `recv` (n × count), rank order.
+    pub fn allgather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let c = send.len();
+        Self::check_len("allgather receive buffer", recv.len(), c * self.size())?;
+        recv[self.rank * c..(self.rank + 1) * c].copy_from_slice(send);
+        self.allgather_in_place(recv)
+    }
+
+    /// Allgather where this rank's contribution already sits at `buf[rank*count..]`.
+    pub fn allgather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let n = self.size();
+        if buf.len() % n != 0 {
+            return Err(Error::Invalid(format!(
+                "allgather buffer of {} elements is not a multiple of {n} ranks",
+                buf.len()
+            )));
+        }
+        let c = buf.len() / n;
+        let blocks: Vec<Range<usize>> = (0..n).map(|i| i * c..(i + 1) * c).collect();
+        if c == 0 || n == 1 {
+            return Ok(());
+        }
+        self.ring_allgather(buf, &blocks)
+    }
+
+    /// Reduce `send` (n × count) and scatter: rank r gets block r in `recv` (count).
+    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        let (n, c) = (self.size(), recv.len());
+        Self::check_len("reduce_scatter send buffer", send.len(), n * c)?;
+        let mut tmp = send.to_vec();
+        self.reduce_scatter_in_place(&mut tmp, op)?;
+        recv.copy_from_slice(&tmp[self.rank * c..(self.rank + 1) * c]);
+        Ok(())
+    }
+
+    /// Reduce-scatter in place: the result lands at `buf[rank*count..(rank+1)*count]`;
+    /// the rest of `buf` holds partial sums afterwards.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let n = self.size();
+        if buf.len() % n != 0 {
+            return Err(Error::Invalid(format!(
+                "reduce_scatter buffer of {} elements is not a multiple of {n} ranks",
+                buf.len()
+            )));
+        }
+        let c = buf.len() / n;
+        if c == 0 {
+            return Ok(());
+        }
+        let blocks: Vec<Range<usize>> = (0..n).map(|i| i * c..(i + 1) * c).collect();
+        if n > 1 {
+            self.ring_reduce_scatter(buf, &blocks, op)?;
+        }
+        crate::dtype::finish(op, &mut buf[blocks[self.rank].clone()], n);
+        Ok(())
+    }
+
+    /// Block j of `send` (n × count) goes to rank j; block i of `recv` comes from rank i.
+    pub fn alltoall<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let n = self.size();
+        Self::check_len("alltoall receive buffer", recv.len(), send.len())?;
+        if send.len() % n != 0 {
+            return Err(Error::Invalid(format!(
+                "alltoall buffer of {} elements is not a multiple of {n} ranks",
+                send.len()
+            )));
+        }
+        let c = send.len() / n;
+        let r = self.rank;
+        recv[r * c..(r + 1) * c].copy_from_slice(&send[r * c..(r + 1) * c]);
+        if c == 0 || n == 1 {
+            return Ok(());
+        }
+        // Everything at once, in the pairwise order (r+s, r−s) so no peer
+        // is waited on by everyone first.
+        let sends: Vec<(usize, &[u8])> = (1..n)
+            .map(|s| {
+                let j = (r + s) % n;
+                (j, bytes(&send[j * c..(j + 1) * c]))
+            })
+            .collect();
+        let mut order: Vec<usize> = (1..n).map(|s| (r + n - s) % n).collect();
+        let mut chunks: Vec<(usize, &mut [u8])> = Vec::with_capacity(n - 1);
+        let mut rest: Vec<Option<&mut [T]>> = recv.chunks_mut(c).map(Some).collect();
+        for i in order.drain(..) {
+            let b = rest[i].take().ok_or_else(|| Error::Invalid("alltoall block".into()))?;
+            chunks.push((i, bytes_mut(b)));
+        }
+        self.xchg(&sends, &mut chunks)
+    }
+
+    /// Alltoall in place.
+    pub fn alltoall_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let send = buf.to_vec();
+        self.alltoall(&send, buf)
+    }
+
+    /// Split into sub-communicators: ranks with the same `color` form one,
+    /// ordered by (`key`, old rank). The new communicators share this one's
+    /// connections (operations on parent and children must still be issued
+    /// in the same order on every rank involved).
+    pub fn split(&self, color: u32, key: i32) -> Result<Communicator<'t>> {
+        let n = self.size();
+        let mine = [i64::from(color), i64::from(key)];
+        let mut all = vec![0i64; 2 * n];
+        self.allgather(&mine, &mut all)?;
+        let mut group: Vec<(i64, usize)> = (0..n)
+            .filter(|&i| all[2 * i] == i64::from(color))
+            .map(|i| (all[2 * i + 1], i))
+            .collect();
+        group.sort_unstable();
+        let rank = group
+            .iter()
+            .position(|&(_, i)| i == self.rank)
+            .ok_or_else(|| Error::Invalid("split: this rank is not in its own group".into()))?;
+        Ok(Communicator {
+            transport: Rc::clone(&self.transport),
+            members: group.iter().map(|&(_, i)| self.members[i]).collect(),
+            rank,
+            algos: self.algos,
+        })
+    }
+}

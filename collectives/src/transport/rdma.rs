@@ -1,0 +1,528 @@
+//! The RDMA transport over `ferroce-verbs`: one RC queue pair per peer pair,
+//! and per direction a ring of `slots` pre-registered buffers of `chunk`
+//! bytes at the receiver.
+//!
+//! Data path: a message is cut into chunks; chunk `s` (counted over the life
+//! of the pair) is copied into send slot `s % slots` and written with RDMA
+//! WRITE WITH IMMEDIATE into the peer's receive slot `s % slots`; the
+//! immediate is the chunk's length. The receiver learns of it from a receive
+//! completion (a receive with an empty scatter list is posted for every
+//! expected immediate), copies it out and, once half the ring is consumed,
+//! returns that many credits in a zero-length SEND WITH IMMEDIATE (the
+//! immediate is the credit count). The sender never has more than `slots`
+//! chunks the receiver has not handed back, and never reuses a send slot
+//! before its WRITE completed. RC delivers and completes in order, so both
+//! sides agree on slot numbers without further bookkeeping.
+//!
+//! Limits: reading and writing the registered buffers goes through the
+//! device lock (`MemoryRegion::read`/`write`), one extra copy per chunk on
+//! each side; every pair is connected eagerly at start-up (n−1 QPs and
+//! 2·slots·chunk bytes per peer).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use ferroce_verbs::{
+    AccessFlags, CompletionQueue, ConnectOptions, Context, MemoryRegion, ProtectionDomain, QpType,
+    QueuePair, RecvWr, RemoteQp, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use super::{RecvSpec, SendSpec, Transport};
+use crate::bootstrap::Rendezvous;
+use crate::error::{Error, Result};
+
+/// Settings of the RDMA transport.
+#[derive(Debug, Clone, Copy)]
+pub struct RdmaConfig {
+    /// Bytes per RDMA WRITE (one receive slot).
+    pub chunk: usize,
+    /// Receive slots per peer (the credit window).
+    pub slots: usize,
+    /// A collective fails when nothing moved for this long.
+    pub timeout: Duration,
+    /// Local ACK time-out exponent (4.096 µs × 2^t) for the QPs.
+    pub ack_timeout: u8,
+    /// Seed for initial PSNs.
+    pub seed: u32,
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        RdmaConfig {
+            chunk: 64 << 10,
+            slots: 8,
+            timeout: Duration::from_secs(30),
+            ack_timeout: 12,
+            seed: 0x5eed,
+        }
+    }
+}
+
+/// A device and a protection domain; transports borrow it.
+#[derive(Debug)]
+pub struct RdmaEndpoint {
+    ctx: Context,
+    pd: ProtectionDomain,
+}
+
+const ENTRY: usize = 20;
+
+#[derive(Debug)]
+struct Peer<'pd> {
+    qp: QueuePair<'pd>,
+    send_mr: MemoryRegion<'pd>,
+    recv_mr: MemoryRegion<'pd>,
+    remote_addr: u64,
+    remote_rkey: u32,
+    /// Receive slots free at the peer.
+    credits: usize,
+    data_posted: u64,
+    data_done: u64,
+    credit_posted: u64,
+    credit_done: u64,
+    /// Lengths of chunks arrived and not yet consumed, in order.
+    arrived: VecDeque<u32>,
+    consumed: u64,
+    unreported: u32,
+}
+
+/// One rank's connections to every other rank.
+#[derive(Debug)]
+pub struct RdmaTransport<'pd> {
+    rank: usize,
+    size: usize,
+    cfg: RdmaConfig,
+    // Dropped before the CQ they complete into.
+    peers: Vec<Option<Peer<'pd>>>,
+    cq: CompletionQueue,
+    wcs: Vec<WorkCompletion>,
+}
+
+fn psn_for(seed: u32, from: usize, to: usize) -> u32 {
+    (seed
+        .wrapping_mul(2_654_435_761)
+        .wrapping_add((from as u32).wrapping_mul(7919))
+        .wrapping_add((to as u32).wrapping_mul(104_729)))
+        & 0x00ff_ffff
+}
+
+fn be_u32(b: &[u8], at: usize) -> Option<u32> {
+    b.get(at..at + 4)
+        .and_then(|s| s.try_into().ok())
+        .map(u32::from_be_bytes)
+}
+fn be_u64(b: &[u8], at: usize) -> Option<u64> {
+    b.get(at..at + 8)
+        .and_then(|s| s.try_into().ok())
+        .map(u64::from_be_bytes)
+}
+
+impl RdmaEndpoint {
+    pub fn new(ctx: Context) -> RdmaEndpoint {
+        let pd = ctx.alloc_pd();
+        RdmaEndpoint { ctx, pd }
+    }
+
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The GID index used: the first IPv4-mapped GID (RoCE v2 over IPv4), else 0.
+    fn sgid_index(&self) -> usize {
+        self.ctx
+            .gids()
+            .iter()
+            .position(|g| g.to_ipv4_mapped().is_some())
+            .unwrap_or(0)
+    }
+
+    /// Create a QP and buffers for every peer, exchange their addresses
+    /// through the rendezvous, connect, and meet once more so no rank writes
+    /// before its peer is ready.
+    pub fn connect(&self, rv: &mut Rendezvous, cfg: &RdmaConfig) -> Result<RdmaTransport<'_>> {
+        if cfg.chunk == 0 || cfg.chunk > (1 << 30) || cfg.slots < 2 {
+            return Err(Error::Invalid(format!(
+                "RDMA transport needs chunk in 1..=1 GiB and ≥ 2 slots, got {cfg:?}"
+            )));
+        }
+        let (rank, size) = (rv.rank(), rv.size());
+        let sq = (2 * cfg.slots + 8) as u32;
+        let rq = (2 * cfg.slots + 8) as u32;
+        let cq = self
+            .ctx
+            .create_cq(((sq + rq) as usize * size.max(1) + 64) as u32)?;
+        let sgid_index = self.sgid_index();
+        let gid = self.ctx.query_gid(sgid_index)?;
+        let access = AccessFlags(AccessFlags::LOCAL_WRITE.0 | AccessFlags::REMOTE_WRITE.0);
+        let base_opts = ConnectOptions {
+            path_mtu: self.ctx.query_port().active_mtu,
+            sgid_index,
+            access,
+            timeout: cfg.ack_timeout,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            ..ConnectOptions::default()
+        };
+        let ring = cfg.chunk * cfg.slots;
+        let mut blob = gid.octets().to_vec();
+        blob.resize(16 + ENTRY * size, 0);
+        let mut made = Vec::with_capacity(size);
+        for j in 0..size {
+            if j == rank {
+                made.push(None);
+                continue;
+            }
+            let qp = self
+                .pd
+                .create_qp()
+                .qp_type(QpType::Rc)
+                .max_send_wr(sq)
+                .max_recv_wr(rq)
+                .build(&cq, &cq)?;
+            let send_mr = self.pd.reg_mr(ring, access)?;
+            let recv_mr = self.pd.reg_mr(ring, access)?;
+            let opts = ConnectOptions {
+                local_psn: psn_for(cfg.seed, rank, j),
+                ..base_opts
+            };
+            qp.to_init(&opts)?;
+            let e = &mut blob[16 + ENTRY * j..16 + ENTRY * (j + 1)];
+            e[0..4].copy_from_slice(&qp.qpn().to_be_bytes());
+            e[4..8].copy_from_slice(&opts.local_psn.to_be_bytes());
+            e[8..16].copy_from_slice(&recv_mr.addr().to_be_bytes());
+            e[16..20].copy_from_slice(&recv_mr.rkey().to_be_bytes());
+            made.push(Some((qp, send_mr, recv_mr, opts)));
+        }
+        let all = rv.allgather(&blob)?;
+        let mut peers = Vec::with_capacity(size);
+        for (j, m) in made.into_iter().enumerate() {
+            let Some((qp, send_mr, recv_mr, opts)) = m else {
+                peers.push(None);
+                continue;
+            };
+            let theirs = all.get(j).ok_or_else(|| {
+                Error::RendezvousProtocol(format!("no rendezvous blob from rank {j}"))
+            })?;
+            let bad = || {
+                Error::RendezvousProtocol(format!(
+                    "rank {j} sent a {}-byte address blob, {} expected",
+                    theirs.len(),
+                    16 + ENTRY * size
+                ))
+            };
+            if theirs.len() != 16 + ENTRY * size {
+                return Err(bad());
+            }
+            let gid_bytes: [u8; 16] = theirs[0..16].try_into().map_err(|_| bad())?;
+            let at = 16 + ENTRY * rank;
+            let qpn = be_u32(theirs, at).ok_or_else(bad)?;
+            let psn = be_u32(theirs, at + 4).ok_or_else(bad)?;
+            let addr = be_u64(theirs, at + 8).ok_or_else(bad)?;
+            let rkey = be_u32(theirs, at + 16).ok_or_else(bad)?;
+            if psn > 0x00ff_ffff {
+                return Err(Error::RendezvousProtocol(format!(
+                    "rank {j} announced PSN {psn:#x}, wider than 24 bits"
+                )));
+            }
+            qp.connect(
+                &self.ctx,
+                &RemoteQp {
+                    qpn,
+                    psn,
+                    gid: std::net::Ipv6Addr::from(gid_bytes),
+                },
+                &opts,
+            )?;
+            let recvs: Vec<RecvWr<'_>> = (0..rq)
+                .map(|_| RecvWr {
+                    wr_id: j as u64,
+                    sg_list: &[],
+                })
+                .collect();
+            qp.post_recv(&recvs)?;
+            peers.push(Some(Peer {
+                qp,
+                send_mr,
+                recv_mr,
+                remote_addr: addr,
+                remote_rkey: rkey,
+                credits: cfg.slots,
+                data_posted: 0,
+                data_done: 0,
+                credit_posted: 0,
+                credit_done: 0,
+                arrived: VecDeque::new(),
+                consumed: 0,
+                unreported: 0,
+            }));
+        }
+        // Everyone is at RTS with receives posted before anyone writes.
+        rv.allgather(&[])?;
+        Ok(RdmaTransport {
+            rank,
+            size,
+            cfg: *cfg,
+            peers,
+            cq,
+            wcs: Vec::with_capacity(64),
+        })
+    }
+}
+
+impl<'pd> RdmaTransport<'pd> {
+    fn peer(&mut self, j: usize) -> Result<&mut Peer<'pd>> {
+        self.peers
+            .get_mut(j)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| Error::Invalid(format!("rank {j} is not a peer of rank {}", self.rank)))
+    }
+
+    /// Handle the completions waiting; returns how many.
+    fn drain_cq(&mut self) -> Result<usize> {
+        self.wcs.clear();
+        let n = self.cq.poll(64, &mut self.wcs)?;
+        let slots = self.cfg.slots;
+        let chunk = self.cfg.chunk;
+        for i in 0..n {
+            let wc = self.wcs[i];
+            let j = wc.wr_id as usize;
+            if wc.status != WcStatus::Success {
+                return Err(Error::Completion {
+                    peer: j,
+                    status: ferroce_verbs::wc::status_str(wc.status),
+                });
+            }
+            let p = self.peer(j)?;
+            match wc.opcode {
+                WcOpcode::RdmaWrite => p.data_done += 1,
+                WcOpcode::Send => p.credit_done += 1,
+                WcOpcode::RecvRdmaWithImm => {
+                    let len = wc.imm_data.unwrap_or(u32::MAX);
+                    if len as usize > chunk || len == 0 {
+                        return Err(Error::Protocol {
+                            peer: j,
+                            what: format!("chunk of {len} bytes (chunk size {chunk})"),
+                        });
+                    }
+                    if p.arrived.len() >= slots {
+                        return Err(Error::Protocol {
+                            peer: j,
+                            what: format!("more than {slots} chunks outstanding"),
+                        });
+                    }
+                    p.arrived.push_back(len);
+                    p.qp.post_recv(&[RecvWr {
+                        wr_id: j as u64,
+                        sg_list: &[],
+                    }])?;
+                }
+                WcOpcode::Recv => {
+                    let n = wc.imm_data.unwrap_or(0) as usize;
+                    if n == 0 || p.credits + n > slots {
+                        return Err(Error::Protocol {
+                            peer: j,
+                            what: format!("returned {n} credits with {} held of {slots}", p.credits),
+                        });
+                    }
+                    p.credits += n;
+                    p.qp.post_recv(&[RecvWr {
+                        wr_id: j as u64,
+                        sg_list: &[],
+                    }])?;
+                }
+                other => {
+                    return Err(Error::Protocol {
+                        peer: j,
+                        what: format!("unexpected completion {other:?}"),
+                    })
+                }
+            }
+        }
+        Ok(n)
+    }
+}
+
+impl Transport for RdmaTransport<'_> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn exchange(&mut self, sends: &[SendSpec<'_>], recvs: &mut [RecvSpec<'_>]) -> Result<()> {
+        let (chunk, slots) = (self.cfg.chunk, self.cfg.slots);
+        for &(j, _) in sends.iter() {
+            self.peer(j)?;
+        }
+        for (j, _) in recvs.iter() {
+            self.peer(*j)?;
+        }
+        // Progress offsets; per peer only the first unfinished op is active.
+        let mut send_off = vec![0usize; sends.len()];
+        let mut recv_off = vec![0usize; recvs.len()];
+        let mut last_progress = Instant::now();
+        loop {
+            let mut progressed = self.drain_cq()? > 0;
+            let mut all_done = true;
+            // Sends.
+            let mut busy = vec![false; self.size];
+            for (k, &(j, data)) in sends.iter().enumerate() {
+                if send_off[k] >= data.len() {
+                    continue;
+                }
+                all_done = false;
+                if std::mem::replace(&mut busy[j], true) {
+                    continue;
+                }
+                let p = self.peer(j)?;
+                while send_off[k] < data.len()
+                    && p.credits > 0
+                    && p.data_posted - p.data_done < slots as u64
+                {
+                    let len = (data.len() - send_off[k]).min(chunk);
+                    let slot = (p.data_posted % slots as u64) as usize;
+                    let off = (slot * chunk) as u64;
+                    p.send_mr
+                        .write(off, &data[send_off[k]..send_off[k] + len])?;
+                    let sge = [p.send_mr.sge(off, len as u32)];
+                    let wr = SendWr::new(
+                        j as u64,
+                        SendOp::RdmaWriteWithImm {
+                            remote_addr: p.remote_addr + off,
+                            rkey: p.remote_rkey,
+                            imm: len as u32,
+                        },
+                        &sge,
+                    );
+                    p.qp.post_send(&[wr])?;
+                    p.credits -= 1;
+                    p.data_posted += 1;
+                    send_off[k] += len;
+                    progressed = true;
+                }
+                if send_off[k] < data.len() {
+                    continue;
+                }
+                busy[j] = false;
+            }
+            // Receives.
+            let mut busy = vec![false; self.size];
+            for (k, (j, buf)) in recvs.iter_mut().enumerate() {
+                let j = *j;
+                if recv_off[k] >= buf.len() {
+                    continue;
+                }
+                all_done = false;
+                if std::mem::replace(&mut busy[j], true) {
+                    continue;
+                }
+                let p = self.peer(j)?;
+                while recv_off[k] < buf.len() {
+                    let Some(&len) = p.arrived.front() else { break };
+                    let want = (buf.len() - recv_off[k]).min(chunk);
+                    if len as usize != want {
+                        return Err(Error::Protocol {
+                            peer: j,
+                            what: format!(
+                                "chunk of {len} bytes where {want} were expected \
+                                 (mismatched message sizes?)"
+                            ),
+                        });
+                    }
+                    p.arrived.pop_front();
+                    let slot = (p.consumed % slots as u64) as usize;
+                    p.recv_mr.read(
+                        (slot * chunk) as u64,
+                        &mut buf[recv_off[k]..recv_off[k] + want],
+                    )?;
+                    p.consumed += 1;
+                    p.unreported += 1;
+                    recv_off[k] += want;
+                    progressed = true;
+                }
+                if recv_off[k] >= buf.len() {
+                    busy[j] = false;
+                }
+            }
+            // Credits back.
+            for (j, p) in self.peers.iter_mut().enumerate() {
+                let Some(p) = p else { continue };
+                if p.unreported as usize >= (slots / 2).max(1)
+                    && p.credit_posted - p.credit_done < slots as u64
+                {
+                    let mut wr = SendWr::new(
+                        j as u64,
+                        SendOp::SendWithImm {
+                            imm: p.unreported,
+                        },
+                        &[],
+                    );
+                    wr.flags.signaled = true;
+                    p.qp.post_send(&[wr])?;
+                    p.credit_posted += 1;
+                    p.unreported = 0;
+                    progressed = true;
+                }
+            }
+            if all_done {
+                return Ok(());
+            }
+            if progressed {
+                last_progress = Instant::now();
+                continue;
+            }
+            let idle = last_progress.elapsed();
+            if idle >= self.cfg.timeout {
+                let mut waiting_on: Vec<usize> = sends
+                    .iter()
+                    .enumerate()
+                    .filter(|(k, s)| send_off[*k] < s.1.len())
+                    .map(|(_, s)| s.0)
+                    .chain(
+                        recvs
+                            .iter()
+                            .enumerate()
+                            .filter(|(k, r)| recv_off[*k] < r.1.len())
+                            .map(|(_, r)| r.0),
+                    )
+                    .collect();
+                waiting_on.sort_unstable();
+                waiting_on.dedup();
+                return Err(Error::Timeout {
+                    timeout: self.cfg.timeout,
+                    waiting_on,
+                });
+            }
+            match self
+                .cq
+                .wait((self.cfg.timeout - idle).min(Duration::from_millis(20)))
+            {
+                Ok(()) | Err(ferroce_verbs::Error::Timeout(..)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+impl Drop for RdmaTransport<'_> {
+    /// Let the last WRITEs be acknowledged before the QPs go away (bounded).
+    fn drop(&mut self) {
+        let deadline = Instant::now() + self.cfg.timeout.min(Duration::from_secs(2));
+        while Instant::now() < deadline {
+            let pending = self.peers.iter().flatten().any(|p| {
+                p.data_posted != p.data_done || p.credit_posted != p.credit_done
+            });
+            if !pending {
+                break;
+            }
+            match self.drain_cq() {
+                Ok(0) => {
+                    let _ = self.cq.wait(Duration::from_millis(10));
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! Run a whole job as threads of one process: every rank gets its own
+//! device on a chosen fabric, the ranks meet at a TCP rendezvous on
+//! loopback, and each runs the same body with its world communicator.
+//! Tests and `ferroce-coll-bench` use it; real jobs use [`Bootstrap`] and
+//! [`Rendezvous`] directly (one process per rank).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use ferroce_verbs::{Backend, Context, DeviceConfig, OpenOptions};
+
+use crate::bootstrap::{Bootstrap, Rendezvous};
+use crate::communicator::Communicator;
+use crate::error::{Error, Result};
+use crate::transport::local::local_world;
+use crate::transport::rdma::{RdmaConfig, RdmaEndpoint};
+
+/// Where the ranks' packets go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fabric {
+    /// No network: channels between threads (checks algorithms only).
+    Local,
+    /// ferroce over the in-memory N-port switch (no root needed).
+    Mem,
+    /// ferroce's UDP backend on loopback addresses 127.x.y.(rank+1) (no root).
+    Udp,
+    /// One network namespace per rank on a bridge, MTU 9000 (root).
+    Netns,
+}
+
+impl Fabric {
+    pub fn parse(s: &str) -> Option<Fabric> {
+        Some(match s {
+            "local" => Fabric::Local,
+            "mem" => Fabric::Mem,
+            "udp" => Fabric::Udp,
+            "netns" => Fabric::Netns,
+            _ => return None,
+        })
+    }
+}
+
+static NEXT_NET: AtomicU32 = AtomicU32::new(0);
+
+/// Run `body` on `n` ranks over `fabric`; results by rank.
+pub fn run<R: Send>(
+    fabric: Fabric,
+    n: usize,
+    cfg: RdmaConfig,
+    body: impl Fn(&Communicator<'_>) -> Result<R> + Sync,
+) -> Result<Vec<Result<R>>> {
+    if n == 0 {
+        return Err(Error::Invalid("a job needs at least one rank".into()));
+    }
+    if fabric == Fabric::Local {
+        let ts = local_world(n, cfg.timeout);
+        return Ok(std::thread::scope(|s| {
+            let hs: Vec<_> = ts
+                .into_iter()
+                .map(|t| {
+                    let body = &body;
+                    s.spawn(move || body(&Communicator::new(t)?))
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Invalid("rank panicked".into()))))
+                .collect()
+        }));
+    }
+    let ctxs = open_devices(fabric, n)?;
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::RendezvousIo {
+        what: "binding the test rendezvous".into(),
+        source: e,
+    })?;
+    let master = listener
+        .local_addr()
+        .map_err(|e| Error::RendezvousIo {
+            what: "rendezvous address".into(),
+            source: e,
+        })?
+        .to_string();
+    let mut listener = Some(listener);
+    let (ctxs, _topo) = ctxs;
+    Ok(std::thread::scope(|s| {
+        let hs: Vec<_> = ctxs
+            .into_iter()
+            .enumerate()
+            .map(|(rank, ctx)| {
+                let body = &body;
+                let master = master.clone();
+                let l = if rank == 0 { listener.take() } else { None };
+                s.spawn(move || -> Result<R> {
+                    let b = Bootstrap::new(rank, n, master)?.with_timeout(cfg.timeout);
+                    let mut rv = match l {
+                        Some(l) if n > 1 => Rendezvous::serve(&b, l)?,
+                        _ => Rendezvous::connect(&b)?,
+                    };
+                    let ep = RdmaEndpoint::new(ctx);
+                    let t = ep.connect(&mut rv, &cfg)?;
+                    drop(rv);
+                    let comm = Communicator::new(t)?;
+                    body(&comm)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Error::Invalid("rank panicked".into()))))
+            .collect()
+    }))
+}
+
+type Devices = (Vec<Context>, Option<ferroce_nic::netns::Topology>);
+
+/// One device per rank on `fabric` (and the namespaces, kept alive by the caller).
+pub fn open_devices(fabric: Fabric, n: usize) -> Result<Devices> {
+    let opts = OpenOptions::default();
+    let id = NEXT_NET.fetch_add(1, Ordering::Relaxed);
+    match fabric {
+        Fabric::Local => Err(Error::Invalid("the local fabric has no devices".into())),
+        Fabric::Mem => {
+            let sw = ferroce_nic::mem::Switch::new(ferroce_nic::mem::SwitchConfig {
+                ports: n,
+                ..Default::default()
+            })
+            .map_err(ferroce_verbs::Error::from)?;
+            let mut v = Vec::with_capacity(n);
+            for i in 0..n {
+                let port = sw.port(i).map_err(ferroce_verbs::Error::from)?;
+                let gid = Ipv4Addr::new(198, 18, (i >> 8) as u8, (i & 0xff) as u8 + 1).to_ipv6_mapped();
+                v.push(Context::with_io(
+                    Box::new(port),
+                    &format!("mem{i}"),
+                    vec![gid],
+                    u64::from(id) * 1000 + i as u64,
+                    opts,
+                )?);
+            }
+            Ok((v, None))
+        }
+        Fabric::Udp => {
+            // A /24 of loopback per job: 127.<pid-derived>.<counter>.<rank+1>.
+            let a = (std::process::id() % 200) as u8 + 20;
+            let b = (id % 250) as u8 + 1;
+            let mut v = Vec::with_capacity(n);
+            for i in 0..n {
+                let mut cfg = DeviceConfig::new("lo", Backend::Udp);
+                cfg.udp_bind = Some(SocketAddr::new(
+                    IpAddr::V4(Ipv4Addr::new(127, a, b, i as u8 + 1)),
+                    ferroce_nic::ROCE_V2_PORT,
+                ));
+                cfg.seed = u64::from(id) * 1000 + i as u64;
+                v.push(Context::open(&cfg, opts)?);
+            }
+            Ok((v, None))
+        }
+        Fabric::Netns => {
+            use ferroce_nic::netns::{Topology, TopologyConfig};
+            let topo = Topology::up(&TopologyConfig {
+                hosts: n.max(2),
+                bridge: true,
+                ..Default::default()
+            })
+            .map_err(ferroce_verbs::Error::from)?;
+            let mut v = Vec::with_capacity(n);
+            for i in 0..n {
+                let mut cfg = DeviceConfig::new(&topo.host(i).ifname, Backend::Auto);
+                cfg.netns = Some(topo.host(i).ns.clone());
+                cfg.seed = u64::from(id) * 1000 + i as u64;
+                let ctx = topo
+                    .run_in(i, move || Context::open(&cfg, opts))
+                    .map_err(ferroce_verbs::Error::from)??;
+                v.push(ctx);
+            }
+            Ok((v, Some(topo)))
+        }
+    }
+}
+
+/// A default time-out for tests: long enough for 2 shared cores.
+pub const TEST_TIMEOUT: Duration = Duration::from_secs(20);
