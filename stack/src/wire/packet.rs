@@ -452,6 +452,7 @@ struct Framing {
 
 impl<'a> ParsedPacket<'a> {
     /// Parse and fully check a frame, ICRC included.
+    #[inline]
     pub fn parse(frame: &'a [u8]) -> Result<ParsedPacket<'a>> {
         let f = parse_framing(frame)?;
         let received = read_icrc(frame, &f)?;
