@@ -62,8 +62,14 @@ pub struct Args {
     #[arg(long, conflicts_with = "ud")]
     pub uc: bool,
     /// Unreliable datagram (ibv_ud_pingpong).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "srq")]
     pub ud: bool,
+    /// RC QPs sharing one receive queue (ibv_srq_pingpong).
+    #[arg(long, conflicts_with = "uc")]
+    pub srq: bool,
+    /// Number of QPs with --srq.
+    #[arg(short = 'q', long = "num-qp", default_value_t = 16)]
+    pub num_qp: u32,
     /// Packet engine: auto, afxdp, afpacket or udp.
     #[arg(long, default_value = "auto")]
     pub backend: Backend,
@@ -95,6 +101,9 @@ fn run_inner(a: Args) -> Result<i32, String> {
             "invalid MTU {} (256, 512, 1024, 2048 or 4096)",
             a.mtu
         ));
+    }
+    if a.srq {
+        return run_srq(a);
     }
     let qp_type = if a.ud {
         QpType::Ud
@@ -326,5 +335,216 @@ fn run_inner(a: Args) -> Result<i32, String> {
             return Ok(1);
         }
     }
+    Ok(0)
+}
+
+/// ibv_srq_pingpong: `num_qp` RC QPs share one SRQ and one CQ; every QP
+/// ping-pongs on its own, `iters` sends in total; 256 address messages each
+/// way, the unused ones zero.
+fn run_srq(a: Args) -> Result<i32, String> {
+    if a.num_qp > a.rx_depth {
+        return Err(format!(
+            "rx_depth {} is too small for {} QPs -- must have at least one receive per QP.",
+            a.rx_depth, a.num_qp
+        ));
+    }
+    if a.num_qp as usize > pingpong::SRQ_MAX_QP {
+        return Err(format!("at most {} QPs", pingpong::SRQ_MAX_QP));
+    }
+    let mode = if a.busy_poll {
+        EngineMode::Polling
+    } else {
+        EngineMode::Thread
+    };
+    let ctx: Context = common::open_device(a.ib_dev.as_deref(), a.backend, mode)?;
+    let pd = ctx.alloc_pd();
+    let mr = pd
+        .reg_mr(a.size as usize, AccessFlags::LOCAL_WRITE)
+        .map_err(|e| format!("Couldn't register MR: {e}"))?;
+    mr.write(0, &vec![0x7bu8; a.size as usize])
+        .map_err(|e| e.to_string())?;
+    let cq = ctx
+        .create_cq(a.rx_depth + a.num_qp)
+        .map_err(|e| format!("Couldn't create CQ: {e}"))?;
+    let srq = pd
+        .create_srq(a.rx_depth, 1)
+        .map_err(|e| format!("Couldn't create SRQ: {e}"))?;
+    let gid_index = a.gid_idx.unwrap_or_else(|| common::default_gid_index(&ctx));
+    let my_gid = ctx
+        .query_gid(gid_index)
+        .map_err(|e| format!("Could not get local gid for gid index {gid_index}: {e}"))?;
+    let mut qps = Vec::new();
+    let mut mine = Vec::new();
+    for i in 0..a.num_qp {
+        let qp = pd
+            .create_qp()
+            .max_send_wr(1)
+            .max_recv_wr(a.rx_depth)
+            .srq(&srq)
+            .build(&cq, &cq)
+            .map_err(|e| format!("Couldn't create QP[{i}]: {e}"))?;
+        let psn = (ferroce_verbs::device::seed_from_os() as u32 ^ (i * 0x9e37)) & 0x00ff_ffff;
+        let opts = ConnectOptions {
+            path_mtu: a.mtu,
+            sgid_index: gid_index,
+            local_psn: psn,
+            access: AccessFlags::NONE,
+            ..Default::default()
+        };
+        qp.to_init(&opts)
+            .map_err(|e| format!("Failed to modify QP[{i}] to INIT: {e}"))?;
+        let d = PingpongDest {
+            lid: 0,
+            qpn: qp.qpn(),
+            psn,
+            gid: common::gid_bytes(my_gid),
+        };
+        println!(
+            "  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+            d.lid, d.qpn, d.psn, my_gid
+        );
+        qps.push((qp, opts));
+        mine.push(d);
+    }
+    let recv_sge = [mr.sge(0, a.size)];
+    let post_recv = |n: u32| -> u32 {
+        let mut i = 0;
+        while i < n
+            && srq
+                .post_recv(&[RecvWr {
+                    wr_id: RECV_WRID,
+                    sg_list: &recv_sge,
+                }])
+                .is_ok()
+        {
+            i += 1;
+        }
+        i
+    };
+    let mut routs = post_recv(a.rx_depth);
+    if routs < a.rx_depth {
+        return Err(format!("Couldn't post receive ({routs})"));
+    }
+    let padded = pingpong::srq_padded(&mine).map_err(|e| e.to_string())?;
+    let xcfg = ExchangeConfig::default();
+    let connect_all = |rem: &[PingpongDest]| -> Result<(), String> {
+        for ((qp, opts), r) in qps.iter().zip(rem) {
+            let remote = RemoteQp {
+                qpn: r.qpn,
+                psn: r.psn,
+                gid: common::gid_from(r.gid),
+            };
+            qp.connect(&ctx, &remote, opts)
+                .map_err(|e| format!("Couldn't connect to remote QP: {e}"))?;
+        }
+        Ok(())
+    };
+    let rem = match &a.servername {
+        Some(server) => {
+            let r = pingpong::client_exchange_multi((server.as_str(), a.port), &padded, &xcfg)
+                .map_err(|e| format!("Couldn't read/write remote address: {e}"))?;
+            connect_all(&r)?;
+            r
+        }
+        None => {
+            let listener = exchange::listen(a.port)
+                .map_err(|e| format!("Couldn't listen to port {}: {e}", a.port))?;
+            pingpong::server_exchange_multi(&listener, &padded, &xcfg, |r| connect_all(r))
+                .map_err(|e| format!("{e}"))?
+        }
+    };
+    for r in rem.iter().take(a.num_qp as usize) {
+        println!(
+            "  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+            r.lid,
+            r.qpn,
+            r.psn,
+            common::gid_from(r.gid)
+        );
+    }
+    let send_sge = [mr.sge(0, a.size)];
+    let post_send = |i: usize| -> Result<(), String> {
+        let mut wr = SendWr::new(SEND_WRID, SendOp::Send, &send_sge);
+        wr.flags.signaled = true;
+        qps[i]
+            .0
+            .post_send(&[wr])
+            .map_err(|e| format!("Couldn't post send: {e}"))
+    };
+    let mut pending = vec![RECV_WRID; qps.len()];
+    if a.servername.is_some() {
+        for (i, p) in pending.iter_mut().enumerate() {
+            post_send(i)?;
+            *p = SEND_WRID | RECV_WRID;
+        }
+    }
+    let start = Instant::now();
+    let (mut rcnt, mut scnt) = (0u64, 0u64);
+    let mut wcs = Vec::new();
+    let mut last = Instant::now();
+    while rcnt < a.iters || scnt < a.iters {
+        wcs.clear();
+        let n = cq
+            .poll((a.rx_depth + a.num_qp) as usize, &mut wcs)
+            .map_err(|e| format!("poll CQ failed: {e}"))?;
+        if n == 0 {
+            if last.elapsed() > Duration::from_secs(20) {
+                return Err(format!(
+                    "no completion for 20 s (sent {scnt}, received {rcnt})"
+                ));
+            }
+            if mode == EngineMode::Thread {
+                let _ = cq.wait(Duration::from_millis(100));
+            }
+            continue;
+        }
+        last = Instant::now();
+        for wc in &wcs {
+            if wc.status != WcStatus::Success {
+                return Err(format!(
+                    "Failed status {} ({}) for wr_id {}",
+                    ferroce_verbs::wc::status_str(wc.status),
+                    wc.status as u32,
+                    wc.wr_id
+                ));
+            }
+            let Some(qi) = qps.iter().position(|(q, _)| q.qpn() == wc.qp_num) else {
+                return Err(format!("Couldn't find QPN {:06x}", wc.qp_num));
+            };
+            match wc.wr_id {
+                SEND_WRID => scnt += 1,
+                RECV_WRID => {
+                    routs -= 1;
+                    if routs <= a.num_qp {
+                        routs += post_recv(a.rx_depth - routs);
+                        if routs < a.rx_depth {
+                            return Err(format!("Couldn't post receive ({routs})"));
+                        }
+                    }
+                    rcnt += 1;
+                }
+                other => return Err(format!("Completion for unknown wr_id {other}")),
+            }
+            pending[qi] &= !wc.wr_id;
+            if scnt < a.iters && pending[qi] == 0 {
+                post_send(qi)?;
+                pending[qi] = RECV_WRID | SEND_WRID;
+            }
+        }
+    }
+    let usec = start.elapsed().as_secs_f64() * 1e6;
+    let bytes = u64::from(a.size) * a.iters * 2;
+    println!(
+        "{} bytes in {:.2} seconds = {:.2} Mbit/sec",
+        bytes,
+        usec / 1e6,
+        bytes as f64 * 8.0 / usec
+    );
+    println!(
+        "{} iters in {:.2} seconds = {:.2} usec/iter",
+        a.iters,
+        usec / 1e6,
+        usec / a.iters as f64
+    );
     Ok(0)
 }
