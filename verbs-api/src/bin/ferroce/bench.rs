@@ -94,6 +94,10 @@ pub struct Args {
     /// Packet engine: auto, afxdp, afpacket or udp.
     #[arg(long, default_value = "auto")]
     pub backend: Backend,
+    /// Drive the engine from the measuring thread (spinning) instead of an
+    /// engine thread: no hand-off between threads, one core busy.
+    #[arg(long)]
+    pub busy_poll: bool,
     /// One JSON object per result line instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -179,6 +183,10 @@ struct End<'pd> {
 }
 
 fn run_inner(a: &Args) -> Result<bool, String> {
+    if a.test == Test::Send && a.duration.is_some() && !a.lat {
+        // The receiver must know how many receives to post.
+        return Err("send bandwidth needs -n (a duration run is not supported)".into());
+    }
     let mut ctx_cfg_dev = a.ib_dev.clone();
     if ctx_cfg_dev.is_none() {
         ctx_cfg_dev = Some(common::default_interface()?);
@@ -376,8 +384,17 @@ fn run_inner(a: &Args) -> Result<bool, String> {
 }
 
 fn open(a: &Args, dev: Option<&str>) -> Result<Context, String> {
+    // A passive server (WRITE/READ/atomic) never polls its CQ, so only an
+    // engine thread can answer for it; busy polling applies to the side that
+    // loops on its CQ.
+    let actively_polls = a.servername.is_some() || a.test == Test::Send;
+    let mode = if a.busy_poll && actively_polls {
+        EngineMode::Polling
+    } else {
+        EngineMode::Thread
+    };
     if a.pcap.is_none() {
-        return common::open_device(dev, a.backend, EngineMode::Thread);
+        return common::open_device(dev, a.backend, mode);
     }
     let ifname = dev.map(|d| d.strip_prefix("ferroce_").unwrap_or(d).to_string());
     let ifname = match ifname {
@@ -392,7 +409,14 @@ fn open(a: &Args, dev: Option<&str>) -> Result<Context, String> {
         .find(|x| x.ip.is_ipv4())
         .map(|x| std::net::SocketAddr::new(x.ip, ferroce_nic::ROCE_V2_PORT));
     cfg.pcap = a.pcap.clone();
-    Context::open(&cfg, ferroce_verbs::OpenOptions::default()).map_err(|e| e.to_string())
+    Context::open(
+        &cfg,
+        ferroce_verbs::OpenOptions {
+            mode,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.to_string())
 }
 
 enum Check {
