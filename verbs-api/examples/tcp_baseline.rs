@@ -15,8 +15,18 @@ fn main() {
     let num = |i: usize, d: u64| arg(i).parse().unwrap_or(d);
     let r = match arg(1).as_str() {
         "server" => server(num(2, 18600) as u16),
-        "stream" => stream(&arg(2), num(3, 18600) as u16, num(4, 65536) as usize, num(5, 3)),
-        "pingpong" => pingpong(&arg(2), num(3, 18600) as u16, num(4, 8) as usize, num(5, 10000)),
+        "stream" => stream(
+            &arg(2),
+            num(3, 18600) as u16,
+            num(4, 65536) as usize,
+            num(5, 3),
+        ),
+        "pingpong" => pingpong(
+            &arg(2),
+            num(3, 18600) as u16,
+            num(4, 8) as usize,
+            num(5, 10000),
+        ),
         _ => {
             eprintln!("usage: tcp_baseline server PORT | stream HOST PORT SIZE SECS | pingpong HOST PORT SIZE ITERS");
             std::process::exit(2)
