@@ -59,3 +59,54 @@ fn decode_on_truncated_captures() {
         decode(&m);
     }
 }
+
+#[test]
+fn frame_roundtrip_on_seeded_bytes() {
+    let mut rng = SplitMix::new(0x5eed);
+    for len in 0..2000 {
+        let mut b = vec![0u8; len % 400 + 100];
+        rng.fill(&mut b);
+        ferroce_fuzz::frame_roundtrip(&b);
+    }
+}
+
+#[test]
+fn script_capture_has_every_kind() {
+    let [to_requester, to_responder] = ferroce_fuzz::stateful::script_frames();
+    assert!(to_responder.len() >= 13, "{}", to_responder.len());
+    assert!(!to_requester.is_empty());
+    for f in to_responder.iter().chain(to_requester) {
+        ferroce_stack::wire::ParsedPacket::parse(f).unwrap();
+    }
+}
+
+#[test]
+fn responder_replays_the_script() {
+    use ferroce_fuzz::stateful::{run, Role, Step};
+    let n = ferroce_fuzz::stateful::script_frames()[1].len();
+    let steps: Vec<Step> = (0..n).map(|i| Step::Replay(i as u8)).collect();
+    run(Role::Responder, &steps);
+    // Twice: every one a duplicate the second time.
+    let twice: Vec<Step> = steps.iter().chain(&steps).cloned().collect();
+    run(Role::Responder, &twice);
+}
+
+#[test]
+fn requester_replays_the_script() {
+    use ferroce_fuzz::stateful::{run, Role, Step};
+    let n = ferroce_fuzz::stateful::script_frames()[0].len();
+    let steps: Vec<Step> = (0..n).map(|i| Step::Replay(i as u8)).collect();
+    run(Role::Requester, &steps);
+    run(Role::Requester, &[Step::Tick(1000), Step::Tick(100_000)]);
+}
+
+#[test]
+fn stateful_on_seeded_bytes() {
+    let mut rng = SplitMix::new(0x57a7e);
+    for i in 0..300 {
+        let mut b = vec![0u8; 64 + (i * 37) % 900];
+        rng.fill(&mut b);
+        ferroce_fuzz::responder(&b);
+        ferroce_fuzz::requester(&b);
+    }
+}
