@@ -81,14 +81,15 @@ impl Bootstrap {
             ("pmi", "PMI_RANK", "PMI_SIZE"),
             ("slurm", "SLURM_PROCID", "SLURM_NTASKS"),
         ];
-        let num = |k: &str| -> Result<Option<usize>> {
-            match get(k) {
-                None => Ok(None),
-                Some(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
-                    Error::Env(format!("{k}={v:?} is not a non-negative integer"))
-                }),
-            }
-        };
+        let num =
+            |k: &str| -> Result<Option<usize>> {
+                match get(k) {
+                    None => Ok(None),
+                    Some(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
+                        Error::Env(format!("{k}={v:?} is not a non-negative integer"))
+                    }),
+                }
+            };
         let mut found = None;
         for (name, rk, sk) in CONVENTIONS {
             match (num(rk)?, num(sk)?) {
@@ -229,7 +230,8 @@ impl Rendezvous {
         while arrived < b.size {
             match listener.accept() {
                 Ok((mut s, from)) => {
-                    s.set_nonblocking(false).map_err(io_err("stream blocking"))?;
+                    s.set_nonblocking(false)
+                        .map_err(io_err("stream blocking"))?;
                     s.set_read_timeout(Some(b.timeout))
                         .map_err(io_err("read time-out"))?;
                     let _ = s.set_nodelay(true);
@@ -323,8 +325,7 @@ impl Rendezvous {
                 "rank {} could not reach the master at {} within {:?}",
                 b.rank, b.master, b.timeout
             ),
-            source: last_err
-                .unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::TimedOut)),
+            source: last_err.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::TimedOut)),
         })?;
         s.set_read_timeout(Some(b.timeout))
             .map_err(io_err("read time-out"))?;
@@ -361,30 +362,32 @@ impl Rendezvous {
                 for (r, c) in conns.iter_mut().enumerate() {
                     match c {
                         None => all.push(blob.to_vec()),
-                        Some(s) => all.push(read_blob(s, &format!("round blob of rank {r}")).map_err(
-                            |e| match e {
-                                Error::RendezvousIo { source, .. }
-                                    if matches!(
-                                        source.kind(),
-                                        std::io::ErrorKind::WouldBlock
-                                            | std::io::ErrorKind::TimedOut
-                                    ) =>
-                                {
-                                    Error::RendezvousTimeout {
-                                        master: master.clone(),
-                                        timeout,
-                                        arrived: r,
-                                        size,
-                                        missing: vec![r],
+                        Some(s) => {
+                            all.push(read_blob(s, &format!("round blob of rank {r}")).map_err(
+                                |e| match e {
+                                    Error::RendezvousIo { source, .. }
+                                        if matches!(
+                                            source.kind(),
+                                            std::io::ErrorKind::WouldBlock
+                                                | std::io::ErrorKind::TimedOut
+                                        ) =>
+                                    {
+                                        Error::RendezvousTimeout {
+                                            master: master.clone(),
+                                            timeout,
+                                            arrived: r,
+                                            size,
+                                            missing: vec![r],
+                                        }
                                     }
-                                }
-                                Error::RendezvousIo { source, .. } => Error::RendezvousIo {
-                                    what: format!("rank {r} left the rendezvous"),
-                                    source,
+                                    Error::RendezvousIo { source, .. } => Error::RendezvousIo {
+                                        what: format!("rank {r} left the rendezvous"),
+                                        source,
+                                    },
+                                    other => other,
                                 },
-                                other => other,
-                            },
-                        )?),
+                            )?)
+                        }
                     }
                 }
                 let mut out = Vec::new();

@@ -83,7 +83,9 @@ pub fn parse_allreduce(s: &str) -> Result<AllreduceAlgo> {
         "auto" => Ok(AllreduceAlgo::Auto),
         "ring" => Ok(AllreduceAlgo::Ring),
         "rd" | "recursive-doubling" => Ok(AllreduceAlgo::RecursiveDoubling),
-        o => Err(Error::Invalid(format!("allreduce algorithm {o:?} (auto, ring, rd)"))),
+        o => Err(Error::Invalid(format!(
+            "allreduce algorithm {o:?} (auto, ring, rd)"
+        ))),
     }
 }
 
@@ -92,7 +94,9 @@ pub fn parse_tree(s: &str) -> Result<TreeAlgo> {
         "auto" => Ok(TreeAlgo::Auto),
         "binomial" | "tree" => Ok(TreeAlgo::Binomial),
         "chain" | "pipeline" => Ok(TreeAlgo::Chain),
-        o => Err(Error::Invalid(format!("tree algorithm {o:?} (auto, binomial, chain)"))),
+        o => Err(Error::Invalid(format!(
+            "tree algorithm {o:?} (auto, binomial, chain)"
+        ))),
     }
 }
 
@@ -194,6 +198,16 @@ impl<'t> Communicator<'t> {
         self.transport.borrow_mut().exchange(&s, &mut rv)
     }
 
+    /// Run raw byte sends and receives (communicator ranks) together: the
+    /// transport primitive, for tools and custom patterns.
+    pub fn exchange_raw(
+        &self,
+        sends: &[(usize, &[u8])],
+        recvs: &mut [(usize, &mut [u8])],
+    ) -> Result<()> {
+        self.xchg(sends, recvs)
+    }
+
     pub(crate) fn sendrecv<T: Element>(
         &self,
         send: Option<(usize, &[T])>,
@@ -266,7 +280,9 @@ impl<'t> Communicator<'t> {
         let chain = match self.algos.broadcast {
             TreeAlgo::Binomial => false,
             TreeAlgo::Chain => true,
-            TreeAlgo::Auto => self.size() > 2 && std::mem::size_of_val(buf) >= self.algos.chain_bytes,
+            TreeAlgo::Auto => {
+                self.size() > 2 && std::mem::size_of_val(buf) >= self.algos.chain_bytes
+            }
         };
         if chain {
             self.bcast_chain(buf, root)
@@ -277,7 +293,13 @@ impl<'t> Communicator<'t> {
 
     /// Reduce `send` from every rank into `recv` at `root` (`recv` is
     /// ignored elsewhere and may be empty there).
-    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
         self.check_rank(root, "root")?;
         if self.rank == root {
             Self::check_len("reduce receive buffer", recv.len(), send.len())?;
@@ -290,7 +312,12 @@ impl<'t> Communicator<'t> {
     }
 
     /// Reduce into `buf` at `root`; other ranks' `buf` is left as it was.
-    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+    pub fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
         self.check_rank(root, "root")?;
         if buf.is_empty() {
             return Ok(());
@@ -302,7 +329,9 @@ impl<'t> Communicator<'t> {
         let chain = match self.algos.reduce {
             TreeAlgo::Binomial => false,
             TreeAlgo::Chain => true,
-            TreeAlgo::Auto => self.size() > 2 && std::mem::size_of_val(buf) >= self.algos.chain_bytes,
+            TreeAlgo::Auto => {
+                self.size() > 2 && std::mem::size_of_val(buf) >= self.algos.chain_bytes
+            }
         };
         if self.rank == root {
             if chain {
@@ -368,7 +397,7 @@ impl<'t> Communicator<'t> {
     /// Allgather where this rank's contribution already sits at `buf[rank*count..]`.
     pub fn allgather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
         let n = self.size();
-        if buf.len() % n != 0 {
+        if !buf.len().is_multiple_of(n) {
             return Err(Error::Invalid(format!(
                 "allgather buffer of {} elements is not a multiple of {n} ranks",
                 buf.len()
@@ -383,7 +412,12 @@ impl<'t> Communicator<'t> {
     }
 
     /// Reduce `send` (n × count) and scatter: rank r gets block r in `recv` (count).
-    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
         let (n, c) = (self.size(), recv.len());
         Self::check_len("reduce_scatter send buffer", send.len(), n * c)?;
         let mut tmp = send.to_vec();
@@ -396,7 +430,7 @@ impl<'t> Communicator<'t> {
     /// the rest of `buf` holds partial sums afterwards.
     pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let n = self.size();
-        if buf.len() % n != 0 {
+        if !buf.len().is_multiple_of(n) {
             return Err(Error::Invalid(format!(
                 "reduce_scatter buffer of {} elements is not a multiple of {n} ranks",
                 buf.len()
@@ -418,7 +452,7 @@ impl<'t> Communicator<'t> {
     pub fn alltoall<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         let n = self.size();
         Self::check_len("alltoall receive buffer", recv.len(), send.len())?;
-        if send.len() % n != 0 {
+        if !send.len().is_multiple_of(n) {
             return Err(Error::Invalid(format!(
                 "alltoall buffer of {} elements is not a multiple of {n} ranks",
                 send.len()
@@ -442,7 +476,9 @@ impl<'t> Communicator<'t> {
         let mut chunks: Vec<(usize, &mut [u8])> = Vec::with_capacity(n - 1);
         let mut rest: Vec<Option<&mut [T]>> = recv.chunks_mut(c).map(Some).collect();
         for i in order.drain(..) {
-            let b = rest[i].take().ok_or_else(|| Error::Invalid("alltoall block".into()))?;
+            let b = rest[i]
+                .take()
+                .ok_or_else(|| Error::Invalid("alltoall block".into()))?;
             chunks.push((i, bytes_mut(b)));
         }
         self.xchg(&sends, &mut chunks)

@@ -38,7 +38,9 @@ pub enum Error {
     #[error("protocol error with rank {peer}: {what}")]
     Protocol { peer: usize, what: String },
     /// Nothing moved for the whole time-out while waiting on these ranks.
-    #[error("no progress for {timeout:?} while waiting on ranks {waiting_on:?} (a rank may have died)")]
+    #[error(
+        "no progress for {timeout:?} while waiting on ranks {waiting_on:?} (a rank may have died)"
+    )]
     Timeout {
         timeout: Duration,
         waiting_on: Vec<usize>,

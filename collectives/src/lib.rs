@@ -17,7 +17,7 @@ pub mod transport;
 pub mod world;
 
 pub use bootstrap::{Bootstrap, Rendezvous};
-pub use communicator::{AllreduceAlgo, Algorithms, Communicator, TreeAlgo};
+pub use communicator::{Algorithms, AllreduceAlgo, Communicator, TreeAlgo};
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, Result};
 pub use half;

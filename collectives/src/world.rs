@@ -64,7 +64,10 @@ pub fn run<R: Send>(
                 })
                 .collect();
             hs.into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Invalid("rank panicked".into()))))
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Invalid("rank panicked".into())))
+                })
                 .collect()
         }));
     }
@@ -105,7 +108,10 @@ pub fn run<R: Send>(
             })
             .collect();
         hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(Error::Invalid("rank panicked".into()))))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Invalid("rank panicked".into())))
+            })
             .collect()
     }))
 }
@@ -127,7 +133,8 @@ pub fn open_devices(fabric: Fabric, n: usize) -> Result<Devices> {
             let mut v = Vec::with_capacity(n);
             for i in 0..n {
                 let port = sw.port(i).map_err(ferroce_verbs::Error::from)?;
-                let gid = Ipv4Addr::new(198, 18, (i >> 8) as u8, (i & 0xff) as u8 + 1).to_ipv6_mapped();
+                let gid =
+                    Ipv4Addr::new(198, 18, (i >> 8) as u8, (i & 0xff) as u8 + 1).to_ipv6_mapped();
                 v.push(Context::with_io(
                     Box::new(port),
                     &format!("mem{i}"),

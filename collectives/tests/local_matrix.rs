@@ -5,7 +5,7 @@
 mod common;
 
 use ferroce_collectives::world::{run, Fabric, TEST_TIMEOUT};
-use ferroce_collectives::{AllreduceAlgo, Algorithms, DType, RdmaConfig, TreeAlgo};
+use ferroce_collectives::{Algorithms, AllreduceAlgo, DType, RdmaConfig, TreeAlgo};
 
 fn cfg() -> RdmaConfig {
     RdmaConfig {

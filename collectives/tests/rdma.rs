@@ -81,33 +81,25 @@ fn netns_hosts_when_root() {
 fn a_rank_dying_mid_job_fails_the_others_within_the_timeout() {
     let timeout = Duration::from_secs(2);
     let t0 = Instant::now();
-    let res = run(
-        Fabric::Mem,
-        3,
-        RdmaConfig {
-            timeout,
-            ..cfg()
-        },
-        |c| {
-            let mut x = vec![1.0f32; 50_000];
-            c.allreduce_in_place(&mut x, ReduceOp::Sum)?;
-            if c.rank() == 2 {
-                return Ok(()); // dies: its device goes away
-            }
-            let started = Instant::now();
-            let r = c.allreduce_in_place(&mut x, ReduceOp::Sum);
-            Ok::<_, Error>((r, started.elapsed()))
-                .map(|(r, e)| (r.map_err(|e| e.to_string()), e))
-                .map(|(r, e)| {
-                    assert!(e < timeout * 3, "took {e:?}");
-                    r
-                })
-                .and_then(|r| match r {
-                    Ok(()) => Err(Error::Invalid("survived a dead peer".into())),
-                    Err(_) => Ok(()),
-                })
-        },
-    )
+    let res = run(Fabric::Mem, 3, RdmaConfig { timeout, ..cfg() }, |c| {
+        let mut x = vec![1.0f32; 50_000];
+        c.allreduce_in_place(&mut x, ReduceOp::Sum)?;
+        if c.rank() == 2 {
+            return Ok(()); // dies: its device goes away
+        }
+        let started = Instant::now();
+        let r = c.allreduce_in_place(&mut x, ReduceOp::Sum);
+        Ok::<_, Error>((r, started.elapsed()))
+            .map(|(r, e)| (r.map_err(|e| e.to_string()), e))
+            .map(|(r, e)| {
+                assert!(e < timeout * 3, "took {e:?}");
+                r
+            })
+            .and_then(|r| match r {
+                Ok(()) => Err(Error::Invalid("survived a dead peer".into())),
+                Err(_) => Ok(()),
+            })
+    })
     .unwrap();
     for (r, x) in res.iter().enumerate() {
         assert!(x.is_ok(), "rank {r}: {x:?}");
@@ -123,11 +115,16 @@ fn rendezvous_names_the_missing_rank() {
     let b0 = ferroce_collectives::Bootstrap::new(0, 3, master.clone())
         .unwrap()
         .with_timeout(t);
-    let b1 = ferroce_collectives::Bootstrap::new(1, 3, master).unwrap().with_timeout(t);
+    let b1 = ferroce_collectives::Bootstrap::new(1, 3, master)
+        .unwrap()
+        .with_timeout(t);
     let h = std::thread::spawn(move || ferroce_collectives::Rendezvous::connect(&b1).map(|_| ()));
     let e = ferroce_collectives::Rendezvous::serve(&b0, l).unwrap_err();
     let msg = e.to_string();
-    assert!(msg.contains("missing ranks [2]") && msg.contains("2 of 3"), "{msg}");
+    assert!(
+        msg.contains("missing ranks [2]") && msg.contains("2 of 3"),
+        "{msg}"
+    );
     let _ = h.join();
 }
 
@@ -135,7 +132,12 @@ fn rendezvous_names_the_missing_rank() {
 fn bootstrap_from_each_launcher_convention() {
     use ferroce_collectives::Bootstrap;
     let env = |pairs: &'static [(&'static str, &'static str)]| {
-        move |k: &str| pairs.iter().find(|(a, _)| *a == k).map(|(_, v)| v.to_string())
+        move |k: &str| {
+            pairs
+                .iter()
+                .find(|(a, _)| *a == k)
+                .map(|(_, v)| v.to_string())
+        }
     };
     let b = Bootstrap::from_vars(env(&[
         ("RANK", "3"),
@@ -144,14 +146,20 @@ fn bootstrap_from_each_launcher_convention() {
         ("MASTER_PORT", "1234"),
     ]))
     .unwrap();
-    assert_eq!((b.rank, b.size, b.master.as_str(), b.source), (3, 8, "10.0.0.1:1234", "torchrun"));
+    assert_eq!(
+        (b.rank, b.size, b.master.as_str(), b.source),
+        (3, 8, "10.0.0.1:1234", "torchrun")
+    );
     let b = Bootstrap::from_vars(env(&[
         ("OMPI_COMM_WORLD_RANK", "1"),
         ("OMPI_COMM_WORLD_SIZE", "2"),
         ("MASTER_ADDR", "fd00::1"),
     ]))
     .unwrap();
-    assert_eq!((b.rank, b.master.as_str(), b.source), (1, "[fd00::1]:29500", "openmpi"));
+    assert_eq!(
+        (b.rank, b.master.as_str(), b.source),
+        (1, "[fd00::1]:29500", "openmpi")
+    );
     let b = Bootstrap::from_vars(env(&[("PMI_RANK", "0"), ("PMI_SIZE", "1")])).unwrap();
     assert_eq!((b.source, b.master.as_str()), ("pmi", "127.0.0.1:29500"));
     let b = Bootstrap::from_vars(env(&[
@@ -162,15 +170,29 @@ fn bootstrap_from_each_launcher_convention() {
     .unwrap();
     assert_eq!((b.rank, b.size, b.source), (5, 6, "slurm"));
     for (pairs, needle) in [
-        (&[("RANK", "1"), ("WORLD_SIZE", "2")][..], "MASTER_ADDR is not set"),
-        (&[("RANK", "2"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "x")][..], "not in a job"),
-        (&[("RANK", "x"), ("WORLD_SIZE", "2")][..], "not a non-negative integer"),
+        (
+            &[("RANK", "1"), ("WORLD_SIZE", "2")][..],
+            "MASTER_ADDR is not set",
+        ),
+        (
+            &[("RANK", "2"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "x")][..],
+            "not in a job",
+        ),
+        (
+            &[("RANK", "x"), ("WORLD_SIZE", "2")][..],
+            "not a non-negative integer",
+        ),
         (&[("WORLD_SIZE", "2")][..], "is set but RANK is not"),
         (&[][..], "no launcher environment"),
     ] {
-        let e = Bootstrap::from_vars(|k| pairs.iter().find(|(a, _)| *a == k).map(|(_, v)| v.to_string()))
-            .unwrap_err()
-            .to_string();
+        let e = Bootstrap::from_vars(|k| {
+            pairs
+                .iter()
+                .find(|(a, _)| *a == k)
+                .map(|(_, v)| v.to_string())
+        })
+        .unwrap_err()
+        .to_string();
         assert!(e.contains(needle), "{e}");
     }
 }

@@ -120,7 +120,10 @@ impl Communicator<'_> {
             let t_len = recv.as_ref().map_or(0, |x| x.len());
             let t = &mut tmp[..t_len];
             match send {
-                Some(s) => self.sendrecv(Some((down, &buf[s])), recv.is_some().then_some((up, &mut *t)))?,
+                Some(s) => self.sendrecv(
+                    Some((down, &buf[s])),
+                    recv.is_some().then_some((up, &mut *t)),
+                )?,
                 None => self.sendrecv::<T>(None, recv.is_some().then_some((up, &mut *t)))?,
             }
             if let Some(rr) = recv {

@@ -1,1 +1,328 @@
-fn main() {}
+//! `ferroce-coll-bench <op>`: nccl-tests' shape over ferroce. Ranks run as
+//! threads, each with its own device (in-memory switch, UDP loopback or a
+//! namespace host), and meet at a TCP rendezvous on loopback.
+
+use std::time::Instant;
+
+use clap::Parser;
+use ferroce_collectives::world::{run, Fabric};
+use ferroce_collectives::{
+    communicator::parse_allreduce, with_dtype, Algorithms, Communicator, DType, Element, Error,
+    RdmaConfig, ReduceOp, Result,
+};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ferroce-coll-bench",
+    about = "collective bandwidth in nccl-tests' format"
+)]
+struct Args {
+    /// allreduce, broadcast, reduce, allgather, reduce_scatter, alltoall, sendrecv
+    op: String,
+    /// Ranks.
+    #[arg(short = 'n', long, default_value_t = 4)]
+    ranks: usize,
+    /// Smallest size (bytes; K/M/G suffixes).
+    #[arg(short = 'b', long, default_value = "8")]
+    minbytes: String,
+    /// Largest size.
+    #[arg(short = 'e', long, default_value = "1M")]
+    maxbytes: String,
+    /// Size multiplication factor.
+    #[arg(short = 'f', long, default_value_t = 2)]
+    factor: usize,
+    /// Data type (float, double, half, bfloat16, int8, uint8, int32, int64, uint64).
+    #[arg(short = 'd', long, default_value = "float")]
+    dtype: String,
+    /// Reduction (sum, prod, min, max, avg).
+    #[arg(short = 'o', long, default_value = "sum")]
+    redop: String,
+    /// Warm-up iterations per size.
+    #[arg(short = 'w', long, default_value_t = 2)]
+    warmup: usize,
+    /// Timed iterations per size.
+    #[arg(short = 'i', long, default_value_t = 10)]
+    iters: usize,
+    /// mem (no root), udp (loopback, no root), netns (root), local (no network).
+    #[arg(long, default_value = "mem")]
+    fabric: String,
+    /// Allreduce algorithm: auto, ring, rd.
+    #[arg(long, default_value = "auto")]
+    algo: String,
+    /// Root of broadcast/reduce.
+    #[arg(short = 'r', long, default_value_t = 0)]
+    root: usize,
+}
+
+fn parse_size(s: &str) -> Result<usize> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>()
+        .map(|v| v * mul)
+        .map_err(|_| Error::Invalid(format!("size {s:?}")))
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Op {
+    Allreduce,
+    Broadcast,
+    Reduce,
+    Allgather,
+    ReduceScatter,
+    Alltoall,
+    SendRecv,
+}
+
+impl Op {
+    fn parse(s: &str) -> Option<Op> {
+        Some(match s {
+            "allreduce" | "all_reduce" => Op::Allreduce,
+            "broadcast" | "bcast" => Op::Broadcast,
+            "reduce" => Op::Reduce,
+            "allgather" | "all_gather" => Op::Allgather,
+            "reduce_scatter" | "reducescatter" => Op::ReduceScatter,
+            "alltoall" => Op::Alltoall,
+            "sendrecv" => Op::SendRecv,
+            _ => return None,
+        })
+    }
+    /// nccl-tests' busbw factor.
+    fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            Op::Allreduce => 2.0 * (n - 1.0) / n,
+            Op::Allgather | Op::ReduceScatter | Op::Alltoall => (n - 1.0) / n,
+            Op::Broadcast | Op::Reduce | Op::SendRecv => 1.0,
+        }
+    }
+    fn reduces(self) -> bool {
+        matches!(self, Op::Allreduce | Op::Reduce | Op::ReduceScatter)
+    }
+}
+
+fn val<T: Element>(rank: usize, i: usize) -> T {
+    T::from_i64([1, 2, -1, -2][(rank * 7 + i * 3 + i / 5) % 4])
+}
+
+fn reference<T: Element>(n: usize, range: std::ops::Range<usize>, op: ReduceOp) -> Vec<T> {
+    let mut acc: Vec<T> = range.clone().map(|i| val(0, i)).collect();
+    for r in 1..n {
+        for (a, i) in acc.iter_mut().zip(range.clone()) {
+            *a = T::combine(op, *a, val(r, i));
+        }
+    }
+    ferroce_collectives::dtype::finish(op, &mut acc, n);
+    acc
+}
+
+struct Case {
+    op: Op,
+    redop: ReduceOp,
+    root: usize,
+}
+
+/// One run of the op; returns the number of wrong elements when `check`.
+fn once<T: Element>(c: &Communicator<'_>, case: &Case, total: usize, check: bool) -> Result<usize> {
+    let (n, r) = (c.size(), c.rank());
+    let es = std::mem::size_of::<T>();
+    let count = total / es;
+    let mine = |k: usize| -> Vec<T> { (0..k).map(|i| val(r, i)).collect() };
+    let count_wrong = |got: &[T], want: &[T]| {
+        got.iter()
+            .zip(want)
+            .filter(|(a, b)| bytemuck::bytes_of(*a) != bytemuck::bytes_of(*b))
+            .count()
+    };
+    Ok(match case.op {
+        Op::Allreduce => {
+            let mut b = mine(count);
+            c.allreduce_in_place(&mut b, case.redop)?;
+            if check {
+                count_wrong(&b, &reference::<T>(n, 0..count, case.redop))
+            } else {
+                0
+            }
+        }
+        Op::Reduce => {
+            let mut b = mine(count);
+            c.reduce_in_place(&mut b, case.redop, case.root)?;
+            if check && r == case.root {
+                count_wrong(&b, &reference::<T>(n, 0..count, case.redop))
+            } else {
+                0
+            }
+        }
+        Op::Broadcast => {
+            let want: Vec<T> = (0..count).map(|i| val(case.root, i)).collect();
+            let mut b = if r == case.root {
+                want.clone()
+            } else {
+                vec![T::from_i64(0); count]
+            };
+            c.broadcast(&mut b, case.root)?;
+            if check {
+                count_wrong(&b, &want)
+            } else {
+                0
+            }
+        }
+        Op::Allgather => {
+            let pc = count / n;
+            let mut b = vec![T::from_i64(0); pc * n];
+            c.allgather(&mine(pc), &mut b)?;
+            if check {
+                let want: Vec<T> = (0..n)
+                    .flat_map(|j| (0..pc).map(move |i| val(j, i)))
+                    .collect();
+                count_wrong(&b, &want)
+            } else {
+                0
+            }
+        }
+        Op::ReduceScatter => {
+            let pc = count / n;
+            let mut out = vec![T::from_i64(0); pc];
+            c.reduce_scatter(&mine(pc * n), &mut out, case.redop)?;
+            if check {
+                count_wrong(&out, &reference::<T>(n, r * pc..(r + 1) * pc, case.redop))
+            } else {
+                0
+            }
+        }
+        Op::Alltoall => {
+            let pc = count / n;
+            let mut out = vec![T::from_i64(0); pc * n];
+            c.alltoall(&mine(pc * n), &mut out)?;
+            if check {
+                let want: Vec<T> = (0..n)
+                    .flat_map(|j| (r * pc..(r + 1) * pc).map(move |i| val(j, i)))
+                    .collect();
+                count_wrong(&out, &want)
+            } else {
+                0
+            }
+        }
+        Op::SendRecv => {
+            let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+            let mut got = vec![T::from_i64(0); count];
+            if n > 1 {
+                let send = mine(count);
+                let sends = [(right, bytemuck::cast_slice::<T, u8>(&send))];
+                let mut recvs = [(left, bytemuck::cast_slice_mut::<T, u8>(&mut got))];
+                c.exchange_raw(&sends, &mut recvs)?;
+            } else {
+                got = mine(count);
+            }
+            if check {
+                let want: Vec<T> = (0..count).map(|i| val(left, i)).collect();
+                count_wrong(&got, &want)
+            } else {
+                0
+            }
+        }
+    })
+}
+
+fn bench<T: Element>(c: &Communicator<'_>, case: &Case, sizes: &[usize], a: &Args) -> Result<()> {
+    let n = c.size();
+    let es = std::mem::size_of::<T>();
+    for &size in sizes {
+        let count = size / es;
+        if c.rank() == 0 {
+            eprint!("\r# running {size} B ...");
+        }
+        for _ in 0..a.warmup {
+            once::<T>(c, case, size, false)?;
+        }
+        c.barrier()?;
+        let t0 = Instant::now();
+        for _ in 0..a.iters {
+            once::<T>(c, case, size, false)?;
+        }
+        let mut us = [t0.elapsed().as_secs_f64() * 1e6 / a.iters.max(1) as f64];
+        c.allreduce_in_place(&mut us, ReduceOp::Max)?;
+        let mut wrong = [once::<T>(c, case, size, true)? as u64];
+        c.allreduce_in_place(&mut wrong, ReduceOp::Sum)?;
+        if c.rank() == 0 {
+            let algbw = (count * es) as f64 / us[0] / 1e3;
+            let busbw = algbw * case.op.bus_factor(n);
+            let redop = if case.op.reduces() {
+                case.redop.name()
+            } else {
+                "none"
+            };
+            eprint!("\r");
+            println!(
+                "{:>12}  {:>12}  {:>8}  {:>6}  {:>9.1}  {:>7.3}  {:>7.3}  {:>6}",
+                count * es,
+                count,
+                T::DTYPE.name(),
+                redop,
+                us[0],
+                algbw,
+                busbw,
+                wrong[0]
+            );
+        }
+    }
+    Ok(())
+}
+
+fn main() {
+    let a = Args::parse();
+    if let Err(e) = real_main(&a) {
+        eprintln!("ferroce-coll-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn real_main(a: &Args) -> Result<()> {
+    let op = Op::parse(&a.op).ok_or_else(|| Error::Invalid(format!("unknown op {:?}", a.op)))?;
+    let dt = DType::parse(&a.dtype)
+        .ok_or_else(|| Error::Invalid(format!("unknown dtype {:?}", a.dtype)))?;
+    let redop = ReduceOp::parse(&a.redop)
+        .ok_or_else(|| Error::Invalid(format!("unknown op {:?}", a.redop)))?;
+    let fabric = Fabric::parse(&a.fabric)
+        .ok_or_else(|| Error::Invalid(format!("unknown fabric {:?}", a.fabric)))?;
+    let algo = parse_allreduce(&a.algo)?;
+    let (lo, hi) = (parse_size(&a.minbytes)?, parse_size(&a.maxbytes)?);
+    let mut sizes = Vec::new();
+    let mut s = lo.max(1);
+    while s <= hi {
+        sizes.push(s);
+        s = s.saturating_mul(a.factor.max(2));
+    }
+    let case = Case {
+        op,
+        redop,
+        root: a.root % a.ranks.max(1),
+    };
+    println!("# ferroce-coll-bench {}: {} ranks on {}, dtype {}, redop {}, algo {}, {} warm-up + {} iterations",
+        a.op, a.ranks, a.fabric, dt.name(), redop.name(), a.algo, a.warmup, a.iters);
+    println!("#");
+    println!(
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}",
+        "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong"
+    );
+    println!(
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}",
+        "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", ""
+    );
+    let res = run(fabric, a.ranks, RdmaConfig::default(), |c| {
+        let mut c = c.split(0, 0)?;
+        c.set_algorithms(Algorithms {
+            allreduce: algo,
+            ..Algorithms::from_env()?
+        });
+        with_dtype!(dt, T => bench::<T>(&c, &case, &sizes, a))
+    })?;
+    for (r, x) in res.into_iter().enumerate() {
+        x.map_err(|e| Error::Invalid(format!("rank {r}: {e}")))?;
+    }
+    Ok(())
+}

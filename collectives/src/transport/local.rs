@@ -20,8 +20,10 @@ pub struct LocalTransport {
 
 /// `n` connected transports, one per rank (move each to its thread).
 pub fn local_world(n: usize, timeout: Duration) -> Vec<LocalTransport> {
-    let mut tx: Vec<Vec<Option<Sender<Vec<u8>>>>> = (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
-    let mut rx: Vec<Vec<Option<Receiver<Vec<u8>>>>> = (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
+    let mut tx: Vec<Vec<Option<Sender<Vec<u8>>>>> =
+        (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
+    let mut rx: Vec<Vec<Option<Receiver<Vec<u8>>>>> =
+        (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
     for (from, txs) in tx.iter_mut().enumerate() {
         for (to, slot) in txs.iter_mut().enumerate() {
             if from != to {
@@ -82,7 +84,11 @@ impl Transport for LocalTransport {
             if msg.len() != buf.len() {
                 return Err(Error::Protocol {
                     peer: *peer,
-                    what: format!("message of {} bytes for a {}-byte receive", msg.len(), buf.len()),
+                    what: format!(
+                        "message of {} bytes for a {}-byte receive",
+                        msg.len(),
+                        buf.len()
+                    ),
                 });
             }
             buf.copy_from_slice(&msg);

@@ -321,7 +321,10 @@ impl<'pd> RdmaTransport<'pd> {
                     if n == 0 || p.credits + n > slots {
                         return Err(Error::Protocol {
                             peer: j,
-                            what: format!("returned {n} credits with {} held of {slots}", p.credits),
+                            what: format!(
+                                "returned {n} credits with {} held of {slots}",
+                                p.credits
+                            ),
                         });
                     }
                     p.credits += n;
@@ -451,13 +454,8 @@ impl Transport for RdmaTransport<'_> {
                 if p.unreported as usize >= (slots / 2).max(1)
                     && p.credit_posted - p.credit_done < slots as u64
                 {
-                    let mut wr = SendWr::new(
-                        j as u64,
-                        SendOp::SendWithImm {
-                            imm: p.unreported,
-                        },
-                        &[],
-                    );
+                    let mut wr =
+                        SendWr::new(j as u64, SendOp::SendWithImm { imm: p.unreported }, &[]);
                     wr.flags.signaled = true;
                     p.qp.post_send(&[wr])?;
                     p.credit_posted += 1;
@@ -510,9 +508,11 @@ impl Drop for RdmaTransport<'_> {
     fn drop(&mut self) {
         let deadline = Instant::now() + self.cfg.timeout.min(Duration::from_secs(2));
         while Instant::now() < deadline {
-            let pending = self.peers.iter().flatten().any(|p| {
-                p.data_posted != p.data_done || p.credit_posted != p.credit_done
-            });
+            let pending = self
+                .peers
+                .iter()
+                .flatten()
+                .any(|p| p.data_posted != p.data_done || p.credit_posted != p.credit_done);
             if !pending {
                 break;
             }

@@ -49,7 +49,12 @@ pub fn check_all(c: &Communicator<'_>, plan: &Plan) -> Result<Vec<String>> {
     Ok(bad)
 }
 
-fn check_type<T: Element>(c: &Communicator<'_>, plan: &Plan, di: usize, bad: &mut Vec<String>) -> Result<()> {
+fn check_type<T: Element>(
+    c: &Communicator<'_>,
+    plan: &Plan,
+    di: usize,
+    bad: &mut Vec<String>,
+) -> Result<()> {
     let (n, r) = (c.size(), c.rank());
     let name = T::DTYPE.name();
     let ops: Vec<ReduceOp> = if plan.all_ops {
@@ -58,7 +63,8 @@ fn check_type<T: Element>(c: &Communicator<'_>, plan: &Plan, di: usize, bad: &mu
         vec![ReduceOp::ALL[di % 5]]
     };
     for &count in &plan.counts {
-        let mut fail = |what: String| bad.push(format!("rank {r}/{n} {name} count {count}: {what}"));
+        let mut fail =
+            |what: String| bad.push(format!("rank {r}/{n} {name} count {count}: {what}"));
         for (oi, &op) in ops.iter().enumerate() {
             let salt = oi;
             let want = reference::<T>(n, count, salt, op);
@@ -110,7 +116,11 @@ fn check_type<T: Element>(c: &Communicator<'_>, plan: &Plan, di: usize, bad: &mu
         // broadcast from a moving root.
         let root = count % n;
         let want = input::<T>(root, count, 9);
-        let mut b = if r == root { want.clone() } else { vec![T::from_i64(0); count] };
+        let mut b = if r == root {
+            want.clone()
+        } else {
+            vec![T::from_i64(0); count]
+        };
         c.broadcast(&mut b, root)?;
         if !same(&b, &want) {
             fail(format!("broadcast root {root}"));
