@@ -294,6 +294,10 @@ impl Session {
         &self.net.cores[node]
     }
 
+    pub fn peer_node(&self) -> &Node {
+        &self.nodes[1 - self.victim]
+    }
+
     pub fn victim_node(&self) -> &Node {
         &self.nodes[self.victim]
     }

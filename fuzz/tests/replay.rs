@@ -110,3 +110,58 @@ fn stateful_on_seeded_bytes() {
         ferroce_fuzz::requester(&b);
     }
 }
+
+/// The forge reaches the responder's checks: hostile READs (foreign-PD key,
+/// inert region, past the end) are refused with NAKs and touch nothing.
+#[test]
+fn forged_hostile_reads_are_refused() {
+    use ferroce_fuzz::stateful::{script_frames, Dest, Forge, Key, Role, Session, Target};
+    let pool = &script_frames()[1];
+    let read_at = pool
+        .iter()
+        .position(|f| {
+            ferroce_stack::wire::ParsedPacket::parse(f)
+                .unwrap()
+                .repr
+                .bth
+                .opcode
+                .0
+                == 0x0c
+        })
+        .unwrap();
+    for (va, key) in [
+        (Target::Open(0), Key::Foreign),
+        (Target::Inert(0), Key::Inert),
+        (Target::Edge(-8), Key::Open),
+    ] {
+        let mut s = Session::new(Role::Responder);
+        // Deliver the script up to the READ, so the forged one is in sequence.
+        for f in &pool[..read_at] {
+            s.feed(f);
+        }
+        let g = Forge {
+            base: read_at as u8,
+            opcode: 0xff,
+            psn_delta: 0,
+            dest: Dest::Keep,
+            payload_len: None,
+            solicited: false,
+            ack_req: true,
+            va,
+            key,
+            dma_len: Some(64),
+            syndrome: None,
+            msn_delta: 0,
+            imm: 0,
+            qkey: None,
+            src_qp: None,
+            swap_add: 0,
+            compare: 0,
+            orig: 0,
+        };
+        let f = g.build(pool, s.victim_node(), s.peer_node()).unwrap();
+        let before = s.core(1).stats().naks_sent;
+        s.feed(&f);
+        assert_eq!(s.core(1).stats().naks_sent, before + 1, "{va:?} {key:?}");
+    }
+}
