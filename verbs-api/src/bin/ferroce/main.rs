@@ -22,6 +22,14 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// nccl-tests-style collective benchmark (runs `ferroce-coll-bench`,
+    /// built by the ferroce-collectives crate, which sits above this one).
+    #[command(name = "coll-bench", disable_help_flag = true)]
+    CollBench {
+        /// Arguments for ferroce-coll-bench (e.g. `allreduce -n 4 -b 8 -e 16M`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Test network of namespace hosts: `netns up [HOSTS] [NAME]` creates
     /// them (veth/bridge, MTU 9000, IPv4+IPv6) and prints one line per host;
     /// `netns down` removes every ferroce namespace. Needs root.
@@ -66,6 +74,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::CollBench { args } => coll_bench(&args),
         Command::Netns { args } => match ferroce_nic::netns::cli(&args) {
             Ok(out) => {
                 print!("{out}");
@@ -100,6 +109,28 @@ fn main() -> ExitCode {
                     ExitCode::from(2)
                 }
             }
+        }
+    }
+}
+
+/// Runs the collectives bench that lives next to this binary. The collectives
+/// crate depends on this one, so it cannot be linked in; it is executed.
+fn coll_bench(args: &[String]) -> ExitCode {
+    let sibling = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("ferroce-coll-bench")));
+    let Some(bin) = sibling.filter(|p| p.exists()) else {
+        eprintln!(
+            "ferroce coll-bench: ferroce-coll-bench not found next to this binary; \
+             build it with `cargo build --release -p ferroce-collectives`"
+        );
+        return ExitCode::from(2);
+    };
+    match std::process::Command::new(&bin).args(args).status() {
+        Ok(st) => ExitCode::from(st.code().unwrap_or(1).clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("ferroce coll-bench: {}: {e}", bin.display());
+            ExitCode::from(2)
         }
     }
 }
