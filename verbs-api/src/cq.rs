@@ -9,6 +9,9 @@ use crate::context::{Context, Shared};
 use crate::engine::EngineMode;
 use crate::error::{Error, Result};
 
+/// How long `wait` polls the device itself before sleeping.
+const SPIN: Duration = Duration::from_micros(30);
+
 /// A completion queue of fixed depth; overflow is an async error event, as in ibverbs.
 #[derive(Debug)]
 pub struct CompletionQueue {
@@ -86,6 +89,17 @@ impl CompletionQueue {
                     }
                 }
                 EngineMode::Thread => {
+                    // Poll the device from this thread for a short while
+                    // first: an answer that is already on its way arrives
+                    // without two thread hand-offs (engine wake-up, then
+                    // this thread's). Then sleep on the engine's progress.
+                    let spin_until = Instant::now() + SPIN;
+                    while Instant::now() < spin_until {
+                        if engine.try_step().is_some() && self.len() > 0 {
+                            return Ok(());
+                        }
+                        std::hint::spin_loop();
+                    }
                     let inner = engine.lock();
                     if inner.core.cq_len(self.handle) > 0 {
                         return Ok(());

@@ -171,6 +171,31 @@ impl Engine {
         }
     }
 
+    /// One step from a caller's thread if the device is free right now
+    /// (None if the engine thread holds it). Lets a waiting application
+    /// thread take its own frames instead of waiting for a hand-off.
+    pub fn try_step(&self) -> Option<usize> {
+        let mut inner = match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        match inner.step() {
+            Ok(n) => {
+                drop(inner);
+                if n > 0 {
+                    self.progress.notify_all();
+                }
+                Some(n)
+            }
+            Err(e) => {
+                drop(inner);
+                self.fail(e.to_string());
+                None
+            }
+        }
+    }
+
     /// Sleep until the backend has frames or `timeout` passes.
     pub fn wait_io(&self, timeout: Duration) {
         if let Err(e) = ferroce_nic::wait_readable(self.poll_fd, Some(timeout)) {
