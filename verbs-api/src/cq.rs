@@ -95,7 +95,7 @@ impl CompletionQueue {
                     // this thread's). Then sleep on the engine's progress.
                     let spin_until = Instant::now() + SPIN;
                     while Instant::now() < spin_until {
-                        if engine.try_step().is_some() && self.len() > 0 {
+                        if engine.try_step().is_some() && !self.is_empty() {
                             return Ok(());
                         }
                         std::hint::spin_loop();
