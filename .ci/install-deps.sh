@@ -11,7 +11,9 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
 fi
-python3 -c 'import scapy.contrib.roce' 2>/dev/null || python3 -m pip install -q scapy
+# (A Debian-managed python3 refuses plain pip installs: PEP 668.)
+python3 -c 'import scapy.contrib.roce' 2>/dev/null || python3 -m pip install -q scapy ||
+    python3 -m pip install -q --break-system-packages scapy
 # fuzz/run-all.sh (called by .ci/run) needs cargo-fuzz; it fuzzes on stable with -s none.
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked
 # nic-drivers netns tests ping across namespaces.
