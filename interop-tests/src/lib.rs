@@ -8,10 +8,16 @@
 //! - [`image`]: the VM image cache (`vm/build-image.sh`).
 //! - [`vm`]: [`vm::RxeVm`] and [`vm::RxeLab`], VMs with rxe on a bridge in a private namespace.
 //! - [`capture`]: tcpdump on the lab's interfaces.
+//! - [`host`]: the `ferroce` binary, host processes in the lab namespace, capture oracles.
+//! - [`matrix`]: the generated results matrix (`RESULTS.md`).
+//! - [`mitm`]: a perftest exchange relay that corrupts RKeys (error interop).
 #![forbid(unsafe_code)]
 
 pub mod capture;
+pub mod host;
 pub mod image;
+pub mod matrix;
+pub mod mitm;
 pub mod vm;
 
 pub use capture::{Capture, CaptureStats};

@@ -4,6 +4,8 @@
 //! - `shell`: boot a VM with rxe0 and attach this terminal to its console (Ctrl-A X, or
 //!   `poweroff -f` in the VM, to leave).
 //! - `run <command>`: boot a VM, run one command, print its output, exit with its status.
+//! - `rkey-proxy`: relay one perftest exchange, corrupting one side's RKeys (error-interop tests
+//!   run it inside the lab namespace).
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
@@ -33,6 +35,21 @@ enum Cmd {
     Run {
         /// The command (a busybox sh script).
         command: Vec<String>,
+    },
+    /// Relay one perftest TCP exchange, corrupting the RKey in one side's key messages.
+    RkeyProxy {
+        /// Address to accept the client on.
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// The real server.
+        #[arg(long)]
+        connect: std::net::SocketAddr,
+        /// Whose key messages to corrupt.
+        #[arg(long, value_enum, default_value = "server")]
+        corrupt: ferroce_interop::mitm::Side,
+        /// XOR mask applied to the RKey.
+        #[arg(long, default_value_t = 0x5a5a_0000)]
+        mask: u32,
     },
 }
 
@@ -88,6 +105,18 @@ fn run(cli: Cli) -> Result<ExitCode, ferroce_interop::Error> {
             vm.wait_exit()?;
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::RkeyProxy {
+            listen,
+            connect,
+            corrupt,
+            mask,
+        } => match ferroce_interop::mitm::rkey_proxy(listen, connect, corrupt, mask) {
+            Ok(()) => Ok(ExitCode::SUCCESS),
+            Err(e) => {
+                eprintln!("rkey-proxy: {e}");
+                Ok(ExitCode::FAILURE)
+            }
+        },
         Cmd::Run { command } => {
             let vm = RxeVm::boot(&VmConfig::default())?;
             eprintln!(

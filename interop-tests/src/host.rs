@@ -1,0 +1,420 @@
+//! The host side of ferroce ⇄ rxe tests: the `ferroce` binary, processes in the lab namespace,
+//! and the oracles every capture goes through (`ferroce decode`, tshark).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::vm::{which, Error, Output, Result};
+
+/// The `ferroce` binary: `$FERROCE_BIN` if set, else built (release) with cargo into the target
+/// folder of the running executable (`<target>/<profile>/deps/<test>` → `<target>`), so a test
+/// and its peer binary share one build cache. Built once per process.
+pub fn ferroce_bin() -> Result<PathBuf> {
+    static BIN: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    BIN.get_or_init(|| build_ferroce().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(Error::Unavailable)
+}
+
+fn build_ferroce() -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os("FERROCE_BIN").filter(|b| !b.is_empty()) {
+        let bin = PathBuf::from(bin);
+        if bin.is_file() {
+            return Ok(bin);
+        }
+        return Err(Error::Unavailable(format!(
+            "FERROCE_BIN={} is not a file",
+            bin.display()
+        )));
+    }
+    let exe = std::env::current_exe().map_err(|e| Error::io("current_exe", e))?;
+    let target = target_dir_of(&exe).ok_or_else(|| {
+        Error::Unavailable(format!(
+            "cannot derive the target folder from {}; set FERROCE_BIN",
+            exe.display()
+        ))
+    })?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let started = Instant::now();
+    let out = Command::new(&cargo)
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "ferroce-verbs",
+            "--bin",
+            "ferroce",
+        ])
+        .current_dir(&workspace)
+        .env("CARGO_TARGET_DIR", &target)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| Error::io("running cargo build -p ferroce-verbs", e))?;
+    if !out.status.success() {
+        return Err(Error::HostCommand {
+            cmd: "cargo build --release -p ferroce-verbs --bin ferroce".into(),
+            detail: tail_lines(&String::from_utf8_lossy(&out.stderr), 30),
+        });
+    }
+    let bin = target.join("release").join("ferroce");
+    eprintln!(
+        "ferroce binary {} ready in {:.1} s",
+        bin.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(bin)
+}
+
+/// `<target>` of `<target>/<profile>/deps/<exe>` (integration tests) or `<target>/<profile>/<exe>`.
+fn target_dir_of(exe: &Path) -> Option<PathBuf> {
+    let mut dir = exe.parent()?;
+    if dir.file_name()? == "deps" {
+        dir = dir.parent()?;
+    }
+    Some(dir.parent()?.to_path_buf())
+}
+
+fn tail_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A process on the host (usually `ip netns exec <lab> ...`), its output going to files.
+#[derive(Debug)]
+pub struct HostJob {
+    child: Option<Child>,
+    cmdline: String,
+    out: PathBuf,
+    err: PathBuf,
+}
+
+impl HostJob {
+    /// Starts `cmd` with stdout/stderr to `<dir>/<name>.out|.err`.
+    pub fn spawn(mut cmd: Command, dir: &Path, name: &str) -> Result<HostJob> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+        let out = dir.join(format!("{name}.out"));
+        let err = dir.join(format!("{name}.err"));
+        let f_out = std::fs::File::create(&out)
+            .map_err(|e| Error::io(format!("creating {}", out.display()), e))?;
+        let f_err = std::fs::File::create(&err)
+            .map_err(|e| Error::io(format!("creating {}", err.display()), e))?;
+        let cmdline = format!("{cmd:?}");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(f_out)
+            .stderr(f_err)
+            .spawn()
+            .map_err(|e| Error::io(format!("starting {cmdline}"), e))?;
+        Ok(HostJob {
+            child: Some(child),
+            cmdline,
+            out,
+            err,
+        })
+    }
+
+    /// The command line.
+    pub fn cmdline(&self) -> &str {
+        &self.cmdline
+    }
+
+    /// The pid (`ip netns exec` execs its program, so this is the program's pid).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Output so far (lossy UTF-8), stdout then stderr.
+    pub fn output_so_far(&self) -> String {
+        format!(
+            "{}{}",
+            std::fs::read_to_string(&self.out).unwrap_or_default(),
+            std::fs::read_to_string(&self.err).unwrap_or_default()
+        )
+    }
+
+    /// Waits until the process has a TCP socket listening on `port` (read from
+    /// `/proc/<pid>/net/tcp{,6}`, which shows the process's namespace, so nothing connects to it
+    /// and the one accept of a pingpong/perftest server is not used up).
+    pub fn wait_listening(&mut self, port: u16, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let want = format!(":{port:04X}");
+        loop {
+            let Some(pid) = self.pid() else {
+                return Err(self.died("not started"));
+            };
+            for table in ["tcp", "tcp6"] {
+                let text =
+                    std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+                let listening = text.lines().skip(1).any(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    f.len() > 3 && f[1].ends_with(&want) && f[3] == "0A"
+                });
+                if listening {
+                    return Ok(());
+                }
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(self.died(&format!("exited ({status}) before listening")));
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    vm: "host".into(),
+                    what: format!("{} listening on {port}", self.cmdline),
+                    after: timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn died(&self, what: &str) -> Error {
+        Error::HostCommand {
+            cmd: self.cmdline.clone(),
+            detail: format!("{what}\n{}", self.output_so_far()),
+        }
+    }
+
+    /// Has it ended?
+    pub fn finished(&mut self) -> bool {
+        matches!(self.child.as_mut().map(Child::try_wait), Some(Ok(Some(_))))
+    }
+
+    /// Waits up to `timeout`; on time-out kills it (SIGKILL) and returns its output with
+    /// status 137 and a note on stderr, so callers can still show what it printed.
+    pub fn wait_timeout(mut self, timeout: Duration) -> Output {
+        let deadline = Instant::now() + timeout;
+        let mut status = -1;
+        let mut timed_out = false;
+        if let Some(mut child) = self.child.take() {
+            loop {
+                match child.try_wait() {
+                    Ok(Some(s)) => {
+                        status = s.code().unwrap_or(128 + 9);
+                        break;
+                    }
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        status = 128 + 9;
+                        timed_out = true;
+                        break;
+                    }
+                }
+            }
+        }
+        let mut stderr = std::fs::read(&self.err).unwrap_or_default();
+        if timed_out {
+            stderr.extend_from_slice(format!("\n[killed after {timeout:?}]\n").as_bytes());
+        }
+        Output {
+            status,
+            stdout: std::fs::read(&self.out).unwrap_or_default(),
+            stderr,
+        }
+    }
+}
+
+impl Drop for HostJob {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// What the oracles said about one capture.
+#[derive(Debug, Clone, Default)]
+pub struct CaptureCheck {
+    /// RoCE frames in the file.
+    pub frames: usize,
+    /// `ferroce decode` exit status (0: every ICRC right).
+    pub decode_status: i32,
+    /// The lines of `ferroce decode` output that mention a problem.
+    pub decode_problems: Vec<String>,
+    /// `ferroce decode`'s whole text output (one line per frame).
+    pub decode_text: String,
+    /// BTH opcodes tshark read (opcode → count); empty if tshark is missing.
+    pub tshark_opcodes: BTreeMap<u8, usize>,
+    /// Frames tshark did not dissect as InfiniBand (no BTH opcode).
+    pub tshark_not_ib: usize,
+    /// tshark missing or failed: why.
+    pub tshark_note: Option<String>,
+}
+
+impl CaptureCheck {
+    /// `ferroce decode` passed and tshark (if present) read a BTH in every frame.
+    pub fn ok(&self) -> bool {
+        self.frames > 0
+            && self.decode_status == 0
+            && self.tshark_not_ib == 0
+            && (self.tshark_note.is_some() || !self.tshark_opcodes.is_empty())
+    }
+
+    /// The opcodes in `want` that tshark did not see (all of them when tshark is missing).
+    pub fn missing(&self, want: &[u8]) -> Vec<u8> {
+        want.iter()
+            .copied()
+            .filter(|op| !self.tshark_opcodes.contains_key(op))
+            .collect()
+    }
+
+    /// One line for reports: `frames, decode ok, opcodes 0a×5 11×5`.
+    pub fn summary(&self) -> String {
+        let ops: Vec<String> = self
+            .tshark_opcodes
+            .iter()
+            .map(|(op, n)| format!("{op:02x}×{n}"))
+            .collect();
+        format!(
+            "{} frames, decode {}, tshark [{}]{}",
+            self.frames,
+            if self.decode_status == 0 {
+                "ok".to_string()
+            } else {
+                format!("FAILED ({})", self.decode_status)
+            },
+            ops.join(" "),
+            self.tshark_note
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default()
+        )
+    }
+}
+
+/// Runs `ferroce decode` (ICRC of every frame) and tshark (InfiniBand dissection, BTH opcodes)
+/// over a capture.
+pub fn check_capture(ferroce: &Path, pcap: &Path) -> Result<CaptureCheck> {
+    let mut check = CaptureCheck::default();
+    let out = Command::new(ferroce)
+        .arg("decode")
+        .arg(pcap)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| Error::io("running ferroce decode", e))?;
+    check.decode_status = out.status.code().unwrap_or(-1);
+    let text = String::from_utf8_lossy(&out.stdout);
+    check.decode_text = text.clone().into_owned();
+    check.decode_problems = text
+        .lines()
+        .filter(|l| {
+            let l = l.to_ascii_lowercase();
+            (l.contains("icrc-bad")
+                || l.contains("icrc=bad")
+                || l.contains("malformed")
+                || l.contains("error"))
+                && !l.contains(" 0 icrc-bad, 0 malformed")
+                && !l.contains("rem-access-err")
+        })
+        .take(10)
+        .map(str::to_owned)
+        .collect();
+    if !out.status.success() && check.decode_problems.is_empty() {
+        check.decode_problems.push(tail_lines(
+            &format!("{}{}", text, String::from_utf8_lossy(&out.stderr)),
+            5,
+        ));
+    }
+    if which("tshark").is_none() {
+        check.tshark_note = Some("tshark not installed".into());
+        check.frames = count_frames(pcap);
+        return Ok(check);
+    }
+    let out = Command::new("tshark")
+        .args(["-n", "-r"])
+        .arg(pcap)
+        .args(["-T", "fields", "-e", "infiniband.bth.opcode"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| Error::io("running tshark", e))?;
+    if !out.status.success() {
+        check.tshark_note = Some(format!(
+            "tshark failed: {}",
+            tail_lines(&String::from_utf8_lossy(&out.stderr), 3)
+        ));
+        check.frames = count_frames(pcap);
+        return Ok(check);
+    }
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        check.frames += 1;
+        // One value per frame; "0x0a" or "10" depending on the tshark version.
+        let v = line.split(',').next().unwrap_or("").trim();
+        let op = if let Some(hex) = v.strip_prefix("0x") {
+            u8::from_str_radix(hex, 16).ok()
+        } else {
+            v.parse::<u8>().ok()
+        };
+        match op {
+            Some(op) => *check.tshark_opcodes.entry(op).or_default() += 1,
+            None => check.tshark_not_ib += 1,
+        }
+    }
+    Ok(check)
+}
+
+/// Frames in a pcap (0 if unreadable).
+fn count_frames(pcap: &Path) -> usize {
+    let Ok(file) = std::fs::File::open(pcap) else {
+        return 0;
+    };
+    let Ok(mut reader) = pcap_file::pcap::PcapReader::new(file) else {
+        return 0;
+    };
+    let mut n = 0;
+    while let Some(Ok(_)) = reader.next_packet() {
+        n += 1;
+    }
+    n
+}
+
+/// Retransmission evidence in `ferroce decode` text: (request packets seen more than once, NAKs).
+/// A request is (source, dest QP, PSN, opcode); ACKs and read responses are not counted as
+/// duplicates (a READ response replay is counted through its request).
+pub fn retransmissions(decode_text: &str) -> (usize, usize) {
+    let mut seen = std::collections::HashSet::new();
+    let mut dups = 0;
+    let mut naks = 0;
+    for line in decode_text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 7 || f.get(2) != Some(&"->") {
+            continue;
+        }
+        if line.contains("aeth(NAK") {
+            naks += 1;
+        }
+        let op = f[4];
+        if op.contains("ACKNOWLEDGE") || op.contains("READ_RESPONSE") {
+            continue;
+        }
+        let qp = f
+            .iter()
+            .find(|x| x.starts_with("qp="))
+            .copied()
+            .unwrap_or("");
+        let psn = f
+            .iter()
+            .find(|x| x.starts_with("psn="))
+            .copied()
+            .unwrap_or("");
+        if !seen.insert((
+            f[1].to_string(),
+            qp.to_string(),
+            psn.to_string(),
+            op.to_string(),
+        )) {
+            dups += 1;
+        }
+    }
+    (dups, naks)
+}

@@ -1,0 +1,1051 @@
+//! ferroce ⇄ Linux rxe (issue 6): the stock rdma-core and perftest tools in a QEMU VM against the
+//! `ferroce` binary on the host side of the lab bridge (`veth-h`, in the lab namespace), in both
+//! roles. Every run is captured on `veth-h` and the capture must pass `ferroce decode` (every
+//! ICRC) and tshark's InfiniBand dissector (the expected BTH opcodes).
+//!
+//! Each test writes its rows of the matrix to `interop-tests/RESULTS.md` (its own section) and
+//! fails at the end if any row failed, so one broken case does not hide the others.
+//!
+//! Skips (passing, with a message) when not root, without QEMU, when the VM image cannot be
+//! built or when the ferroce binary cannot be built. TCG is slow: small iteration counts,
+//! generous time-outs; these tests check function, not speed.
+//!
+//! Environment: `FERROCE_BIN` (use this ferroce binary instead of building one),
+//! `FERROCE_INTEROP_BACKEND` (afpacket by default; afxdp, udp), `FERROCE_INTEROP_KEEP=1` (keep
+//! captures and logs in `target/tmp/ferroce-rxe/`, printed at the end; kept on failure anyway).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ferroce_interop::host::{check_capture, ferroce_bin, CaptureCheck, HostJob};
+use ferroce_interop::matrix::{write_section, Row, Verdict};
+use ferroce_interop::vm::{self, Output, RxeLab, RxeVm};
+use ferroce_interop::Image;
+
+/// TCP port of the out-of-band exchanges.
+const PORT: u16 = 18515;
+/// Where runs are captured: the bridge end of ferroce's veth. Not `veth-h` itself: ferroce's
+/// AF_PACKET (PACKET_QDISC_BYPASS) and AF_XDP transmissions skip the kernel's packet taps, so a
+/// capture on veth-h holds only what ferroce receives; on veth-b every frame of both sides passes.
+const CAPTURE_IFACE: &str = "veth-b";
+/// The port the rkey proxy listens on.
+const PROXY_PORT: u16 = 18516;
+
+// ---------------------------------------------------------------------------------------------
+// Set-up
+
+/// One lab (one rxe VM) and the ferroce binary.
+struct Env {
+    lab: RxeLab,
+    ferroce: PathBuf,
+    dir: PathBuf,
+    backend: String,
+    /// rxe0's GID index of fd77::a.
+    vm_gid6: u32,
+    /// ferroce's GID index of fd77::1 on veth-h.
+    host_gid6: usize,
+    started: Instant,
+    counter: usize,
+}
+
+fn env_or_skip(test: &str) -> Option<Env> {
+    if let Some(why) = vm::unavailable_reason() {
+        eprintln!("SKIP {test}: {why}");
+        return None;
+    }
+    if let Err(e) = Image::build_default() {
+        eprintln!("SKIP {test}: cannot build the VM image: {e}");
+        return None;
+    }
+    let ferroce = match ferroce_bin() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("SKIP {test}: no ferroce binary: {e}");
+            return None;
+        }
+    };
+    let started = Instant::now();
+    let lab = RxeLab::new(1).expect("boot the rxe VM");
+    eprintln!(
+        "{test}: {} ready in {:.1} s",
+        lab.vm(0).name(),
+        lab.vm(0).boot_time().as_secs_f64()
+    );
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("ferroce-rxe")
+        .join(test);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let backend = std::env::var("FERROCE_INTEROP_BACKEND").unwrap_or_else(|_| "afpacket".into());
+    let vm_gid6 = ipv6_gid_index(lab.vm(0));
+    let mut env = Env {
+        lab,
+        ferroce,
+        dir,
+        backend,
+        vm_gid6,
+        host_gid6: 0,
+        started,
+        counter: 0,
+    };
+    env.host_gid6 = env.ferroce_gid_index("fd77::1");
+    Some(env)
+}
+
+/// The GID index of rxe0's fd77:: address.
+fn ipv6_gid_index(vm: &RxeVm) -> u32 {
+    (0..8)
+        .find(|&i| vm.gid(i).is_ok_and(|g| g.segments()[0] == 0xfd77))
+        .unwrap_or_else(|| panic!("{}: no fd77:: GID", vm.name()))
+}
+
+impl Env {
+    fn vm(&self) -> &RxeVm {
+        self.lab.vm(0)
+    }
+
+    /// `ferroce <args>` inside the lab namespace.
+    fn ferroce_cmd(&self, args: &[String]) -> std::process::Command {
+        let mut cmd = self.lab.command(&self.ferroce);
+        cmd.args(args);
+        cmd
+    }
+
+    /// ferroce's GID index of `addr` on veth-h, from `ferroce devices`.
+    fn ferroce_gid_index(&self, addr: &str) -> usize {
+        let out = self
+            .ferroce_cmd(&["devices".into()])
+            .output()
+            .expect("ferroce devices");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut in_veth = false;
+        for line in text.lines() {
+            if line.starts_with("hca_id:") {
+                in_veth = line.trim_end().ends_with("veth-h");
+            }
+            if in_veth && line.contains("GID[") && line.contains(&format!("\t{addr},")) {
+                if let Some(i) = line
+                    .split("GID[")
+                    .nth(1)
+                    .and_then(|r| r.split(']').next())
+                    .and_then(|n| n.trim().parse().ok())
+                {
+                    return i;
+                }
+            }
+        }
+        panic!("no GID {addr} on veth-h in `ferroce devices`:\n{text}");
+    }
+
+    fn results_path() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md")
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cases
+
+/// One run of a stock tool in the VM against ferroce on the host.
+#[derive(Clone)]
+struct Case {
+    /// The stock tool (`ibv_rc_pingpong`, `ib_write_bw`, ...).
+    tool: &'static str,
+    /// Its arguments, without the server name.
+    tool_args: String,
+    /// ferroce's arguments (`pingpong --uc -s 4096 ...`), without device, backend and server.
+    ferroce_args: String,
+    /// ferroce listens (the tool is the client).
+    ferroce_server: bool,
+    /// What the matrix calls the operation.
+    operation: String,
+    /// MTU, GID, QPs, ... for the matrix.
+    params: String,
+    /// BTH opcodes that must appear in the capture.
+    want_ops: Vec<u8>,
+    /// Time allowed to the client.
+    timeout: Duration,
+    /// The client connects through the rkey proxy, which corrupts the server's RKey.
+    via_proxy: bool,
+    /// The run is meant to fail (error interop): exit statuses are left to the extra check.
+    expect_error: bool,
+}
+
+impl Case {
+    fn new(tool: &'static str, tool_args: &str, ferroce_args: &str, ferroce_server: bool) -> Case {
+        Case {
+            tool,
+            tool_args: tool_args.into(),
+            ferroce_args: ferroce_args.into(),
+            ferroce_server,
+            operation: String::new(),
+            params: String::new(),
+            want_ops: Vec::new(),
+            timeout: Duration::from_secs(90),
+            via_proxy: false,
+            expect_error: false,
+        }
+    }
+    fn op(mut self, operation: &str, params: &str, want_ops: &[u8]) -> Case {
+        self.operation = operation.into();
+        self.params = params.into();
+        self.want_ops = want_ops.to_vec();
+        self
+    }
+    fn timeout(mut self, secs: u64) -> Case {
+        self.timeout = Duration::from_secs(secs);
+        self
+    }
+    fn direction(&self) -> &'static str {
+        if self.ferroce_server {
+            "rxe → ferroce"
+        } else {
+            "ferroce → rxe"
+        }
+    }
+}
+
+/// What a case produced.
+struct Outcome {
+    vm: Output,
+    host: Output,
+    capture: Option<CaptureCheck>,
+    seconds: f64,
+    /// Set when the harness itself failed (boot, spawn, listen time-out).
+    harness_error: Option<String>,
+    pcap: PathBuf,
+}
+
+impl Outcome {
+    fn all_text(&self) -> String {
+        format!(
+            "--- rxe side (status {}) ---\n{}{}\n--- ferroce side (status {}) ---\n{}{}",
+            self.vm.status,
+            self.vm.stdout_str(),
+            self.vm.stderr_str(),
+            self.host.status,
+            self.host.stdout_str(),
+            self.host.stderr_str()
+        )
+    }
+}
+
+fn empty_output() -> Output {
+    Output {
+        status: -1,
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    }
+}
+
+fn run_case(env: &mut Env, case: &Case) -> Outcome {
+    env.counter += 1;
+    let slug = format!(
+        "{:03}-{}-{}",
+        env.counter,
+        case.tool,
+        if case.ferroce_server { "fsrv" } else { "fcli" }
+    );
+    let pcap = env.dir.join(format!("{slug}.pcap"));
+    let started = Instant::now();
+    let mut out = Outcome {
+        vm: empty_output(),
+        host: empty_output(),
+        capture: None,
+        seconds: 0.0,
+        harness_error: None,
+        pcap: pcap.clone(),
+    };
+    let cap = match env.lab.capture(CAPTURE_IFACE, &pcap, "udp port 4791") {
+        Ok(c) => c,
+        Err(e) => {
+            out.harness_error = Some(format!("capture: {e}"));
+            return out;
+        }
+    };
+    let mut fargs: Vec<String> = case
+        .ferroce_args
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    fargs.extend([
+        "-d".into(),
+        env.lab.host_iface().into(),
+        "--backend".into(),
+        env.backend.clone(),
+    ]);
+    let vm = env.vm();
+    if case.ferroce_server {
+        let mut job = match HostJob::spawn(env.ferroce_cmd(&fargs), &env.dir, &slug) {
+            Ok(j) => j,
+            Err(e) => {
+                out.harness_error = Some(format!("spawn ferroce: {e}"));
+                return out;
+            }
+        };
+        if let Err(e) = job.wait_listening(PORT, Duration::from_secs(30)) {
+            out.harness_error = Some(format!("ferroce server: {e}"));
+            out.host = job.wait_timeout(Duration::ZERO);
+            return out;
+        }
+        let _proxy = if case.via_proxy {
+            match start_proxy(env, &slug, env.lab.host_ipv4().to_string()) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    out.harness_error = Some(e);
+                    return out;
+                }
+            }
+        } else {
+            None
+        };
+        let port = if case.via_proxy { PROXY_PORT } else { PORT };
+        let cmd = format!(
+            "{} {} -p {port} {}",
+            case.tool,
+            case.tool_args,
+            env.lab.host_ipv4()
+        );
+        // The client runs until it ends, or a few seconds after ferroce failed (a stock tool
+        // waits forever for a peer that gave up).
+        let mut client = match vm.spawn(&cmd) {
+            Ok(j) => j,
+            Err(e) => {
+                out.harness_error = Some(format!("spawn rxe client: {e}"));
+                return out;
+            }
+        };
+        let deadline = Instant::now() + case.timeout;
+        let mut host_failed_at: Option<Instant> = None;
+        out.vm = loop {
+            match client.try_wait() {
+                Ok(Some(o)) => break o,
+                Ok(None) => {}
+                Err(e) => {
+                    out.harness_error = Some(format!("rxe client: {e}"));
+                    break empty_output();
+                }
+            }
+            if host_failed_at.is_none() && job.finished() {
+                host_failed_at = Some(Instant::now());
+            }
+            let given_up = host_failed_at.is_some_and(|t| t.elapsed() > Duration::from_secs(4));
+            if given_up || Instant::now() > deadline {
+                let mut o = client.stop("KILL").unwrap_or_else(|_| empty_output());
+                o.stderr.extend_from_slice(
+                    format!(
+                        "\n[killed: {}]\n",
+                        if given_up {
+                            "ferroce had exited"
+                        } else {
+                            "time-out"
+                        }
+                    )
+                    .as_bytes(),
+                );
+                break o;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let grace = if out.vm.success() { 30 } else { 5 };
+        out.host = job.wait_timeout(Duration::from_secs(grace));
+    } else {
+        let job = match vm.spawn(&format!("{} {} -p {PORT}", case.tool, case.tool_args)) {
+            Ok(j) => j,
+            Err(e) => {
+                out.harness_error = Some(format!("spawn rxe server: {e}"));
+                return out;
+            }
+        };
+        if let Err(e) = vm.wait_listening(PORT, Duration::from_secs(60)) {
+            out.harness_error = Some(format!("rxe server not listening: {e}"));
+            out.vm = job.stop("KILL").unwrap_or_else(|_| empty_output());
+            return out;
+        }
+        let _proxy = if case.via_proxy {
+            match start_proxy(env, &slug, vm.ip().to_string()) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    out.harness_error = Some(e);
+                    return out;
+                }
+            }
+        } else {
+            None
+        };
+        let (server, port) = if case.via_proxy {
+            (env.lab.host_ipv4().to_string(), PROXY_PORT)
+        } else {
+            (vm.ip().to_string(), PORT)
+        };
+        fargs.extend(["-p".into(), port.to_string(), server]);
+        match HostJob::spawn(env.ferroce_cmd(&fargs), &env.dir, &slug) {
+            Ok(j) => out.host = j.wait_timeout(case.timeout),
+            Err(e) => out.harness_error = Some(format!("spawn ferroce: {e}")),
+        }
+        let grace = if out.host.success() { 30 } else { 5 };
+        out.vm = match job.wait_timeout(Duration::from_secs(grace)) {
+            Ok(o) => o,
+            Err(e) => Output {
+                status: -1,
+                stdout: Vec::new(),
+                stderr: format!("[{e}]").into_bytes(),
+            },
+        };
+    }
+    // The last ACKs cross the veth before tcpdump stops.
+    std::thread::sleep(Duration::from_millis(300));
+    match cap.stop() {
+        Ok(stats) if stats.dropped > 0 => {
+            out.harness_error = Some(format!("tcpdump dropped {} packets", stats.dropped))
+        }
+        Ok(_) => {}
+        Err(e) => out.harness_error = Some(format!("capture: {e}")),
+    }
+    match check_capture(&env.ferroce, &pcap) {
+        Ok(c) => out.capture = Some(c),
+        Err(e) => out.harness_error = Some(format!("capture check: {e}")),
+    }
+    out.seconds = started.elapsed().as_secs_f64();
+    out
+}
+
+/// What the case must show beyond exit statuses and a clean capture.
+type Extra = fn(&Outcome) -> Result<String, String>;
+
+/// Starts the rkey proxy in the lab namespace: accepts on the host's PROXY_PORT, relays to
+/// `server`:PORT, corrupts the server's RKeys.
+fn start_proxy(env: &Env, slug: &str, server: String) -> Result<HostJob, String> {
+    let mut cmd = env.lab.command(env!("CARGO_BIN_EXE_ferroce-interop"));
+    cmd.args([
+        "rkey-proxy",
+        "--listen",
+        &format!("{}:{PROXY_PORT}", env.lab.host_ipv4()),
+        "--connect",
+        &format!("{server}:{PORT}"),
+        "--corrupt",
+        "server",
+    ]);
+    let mut job = HostJob::spawn(cmd, &env.dir, &format!("{slug}-proxy"))
+        .map_err(|e| format!("spawn rkey proxy: {e}"))?;
+    job.wait_listening(PROXY_PORT, Duration::from_secs(20))
+        .map_err(|e| format!("rkey proxy: {e}"))?;
+    Ok(job)
+}
+
+/// Runs `case`, judges it (both exit 0, capture clean, opcodes seen, `extra`), prints the
+/// details and returns the matrix row.
+fn judge(env: &mut Env, case: &Case, extra: Extra) -> Row {
+    let out = run_case(env, case);
+    let mut problems = Vec::new();
+    if let Some(e) = &out.harness_error {
+        problems.push(e.clone());
+    }
+    if !out.vm.success() && !case.expect_error {
+        problems.push(format!(
+            "{} exited {}: {}",
+            case.tool,
+            out.vm.status,
+            last_line(&out.vm)
+        ));
+    }
+    if !out.host.success() && !case.expect_error {
+        problems.push(format!(
+            "ferroce exited {}: {}",
+            out.host.status,
+            last_line(&out.host)
+        ));
+    }
+    let mut note = String::new();
+    if let Some(c) = &out.capture {
+        if !c.ok() {
+            problems.push(format!("capture: {}", c.summary()));
+            problems.extend(c.decode_problems.iter().take(2).cloned());
+        }
+        let missing = c.missing(&case.want_ops);
+        if !missing.is_empty() && c.tshark_note.is_none() {
+            problems.push(format!("opcodes {missing:02x?} not seen"));
+        }
+        note = c.summary();
+    }
+    match extra(&out) {
+        Ok(s) if !s.is_empty() => note = format!("{s}; {note}"),
+        Ok(_) => {}
+        Err(e) => problems.push(e),
+    }
+    let known = known_bug(case);
+    let verdict = match (problems.is_empty(), known) {
+        (true, None) => Verdict::Pass,
+        (true, Some(bug)) => {
+            note = format!("passes although listed: {bug}; {note}");
+            Verdict::Pass
+        }
+        (false, Some(bug)) => {
+            problems.insert(0, bug.to_string());
+            Verdict::KnownBug
+        }
+        (false, None) => Verdict::Fail,
+    };
+    eprintln!(
+        "[{}] {} {} {} ({}) {:.1} s: {}",
+        match verdict {
+            Verdict::Pass => "pass",
+            Verdict::KnownBug => "FAIL known bug",
+            _ => "FAIL",
+        },
+        case.tool,
+        case.direction(),
+        case.operation,
+        case.params,
+        out.seconds,
+        if problems.is_empty() {
+            note.clone()
+        } else {
+            problems.join("; ")
+        }
+    );
+    if matches!(verdict, Verdict::Fail | Verdict::KnownBug) {
+        eprintln!(
+            "    pcap: {}\n    {} {}\n    ferroce {}\n{}",
+            out.pcap.display(),
+            case.tool,
+            case.tool_args,
+            case.ferroce_args,
+            indent(&out.all_text())
+        );
+    }
+    Row {
+        peer: case.tool.into(),
+        operation: case.operation.clone(),
+        direction: case.direction().into(),
+        params: case.params.clone(),
+        verdict,
+        seconds: out.seconds,
+        note: if problems.is_empty() {
+            note
+        } else {
+            problems.join("; ")
+        },
+    }
+}
+
+fn last_line(o: &Output) -> String {
+    let text = format!("{}\n{}", o.stdout_str(), o.stderr_str());
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+        .chars()
+        .take(160)
+        .collect()
+}
+
+fn indent(text: &str) -> String {
+    text.lines().fold(String::new(), |mut s, l| {
+        let _ = writeln!(s, "      {l}");
+        s
+    })
+}
+
+/// Writes the rows, prints where the artifacts are, fails if any row failed.
+fn finish(env: Env, section: &str, intro: &str, rows: &[Row]) {
+    let intro = format!(
+        "{intro}\n\nferroce backend: `{}`; wall time of this section: {:.0} s.",
+        env.backend,
+        env.started.elapsed().as_secs_f64()
+    );
+    write_section(&Env::results_path(), section, &intro, rows).expect("write RESULTS.md");
+    let failed: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.verdict == Verdict::Fail || (strict() && r.verdict == Verdict::KnownBug))
+        .collect();
+    let known = rows
+        .iter()
+        .filter(|r| r.verdict == Verdict::KnownBug)
+        .count();
+    if known > 0 {
+        eprintln!("{section}: {known} cases fail from known ferroce bugs (FERROCE_INTEROP_STRICT=1 makes them fail the test)");
+    }
+    eprintln!(
+        "{section}: {} rows, {} failed, {:.1} s; artifacts in {}",
+        rows.len(),
+        failed.len(),
+        env.started.elapsed().as_secs_f64(),
+        env.dir.display()
+    );
+    let keep =
+        !failed.is_empty() || known > 0 || std::env::var_os("FERROCE_INTEROP_KEEP").is_some();
+    let dir = env.dir.clone();
+    drop(env);
+    if !keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failed.len(),
+        rows.len(),
+        failed
+            .iter()
+            .map(|r| format!(
+                "  {} {} {} ({}): {}",
+                r.peer, r.direction, r.operation, r.params, r.note
+            ))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+fn both_roles(case: Case) -> [Case; 2] {
+    let mut srv = case.clone();
+    srv.ferroce_server = true;
+    let mut cli = case;
+    cli.ferroce_server = false;
+    [cli, srv]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Known ferroce bugs: cases that fail because of them are reported as failures in RESULTS.md
+// (with the bug) but do not fail the test unless FERROCE_INTEROP_STRICT=1; a known case that
+// passes is reported so the entry can go.
+
+/// The known ferroce bug behind a failing case, if any.
+fn known_bug(case: &Case) -> Option<&'static str> {
+    let f = &case.ferroce_args;
+    let size_over_mtu_ud = || {
+        f.contains("--ud")
+            && f.split_whitespace()
+                .skip_while(|w| *w != "-s")
+                .nth(1)
+                .and_then(|s| s.parse::<u32>().ok())
+                .is_some_and(|s| s > 1024)
+    };
+    match case.tool {
+        "ibv_ud_pingpong" if size_over_mtu_ud() => Some(BUG_UD_MTU),
+        "ib_write_bw" | "ib_read_bw" | "ib_atomic_bw"
+            if !case.ferroce_server && remote_overrun(case) =>
+        {
+            Some(BUG_REMOTE_SPAN)
+        }
+        "ib_send_bw" => Some(BUG_SEND_BW_LAYOUT),
+        "ib_read_lat" | "ib_send_lat" => Some(BUG_LAT_LAYOUT),
+        "ib_write_lat" => Some(BUG_WRITE_LAT),
+        _ => None,
+    }
+}
+
+/// ferroce bench spreads a requester's operations over `max(2 × size, 8192)` bytes from the
+/// peer's advertised address; perftest only guarantees `max(size, 4096)` there.
+fn remote_overrun(case: &Case) -> bool {
+    let arg = |flag: &str| -> Option<u64> {
+        let w: Vec<&str> = case.ferroce_args.split_whitespace().collect();
+        w.iter()
+            .position(|x| *x == flag)
+            .and_then(|i| w.get(i + 1))
+            .and_then(|v| v.parse().ok())
+    };
+    let size = if case.tool == "ib_atomic_bw" {
+        8
+    } else {
+        arg("-s").unwrap_or(65536)
+    };
+    let iters = arg("-n").unwrap_or(5000);
+    let per_qp = (2 * size).max(8192);
+    let slots = (per_qp / size).max(1);
+    let span = iters.min(slots) * size;
+    span > size.max(4096)
+}
+
+const BUG_UD_MTU: &str = "known ferroce bug: UD sends above 1024 B fail locally with LOC_LEN_ERR \
+    although the port MTU is 4096 (stack/src/transport/requester.rs checks `len > self.mtu()`, the \
+    QP's path MTU, which a UD QP never gets: verbs-api/src/qp.rs `connect` moves UD to RTR with \
+    the STATE mask only, so it stays at the 1024 default; rxe uses the port MTU for UD)";
+const BUG_REMOTE_SPAN: &str = "known ferroce bug: `ferroce bench` (client) spreads WRITE/READ/\
+    atomic targets over max(2×size, 8192) B from the peer's vaddr (verbs-api/src/bin/ferroce/\
+    bench.rs, RemoteBuf len = per_qp), but perftest advertises vaddr = buf + (num_qps+i)×\
+    max(size, cycle_buffer): only max(size, 4096) B are there, so rxe NAKs the first op past it \
+    with REMOTE ACCESS ERROR (AETH syndrome 0x62)";
+const BUG_SEND_BW_LAYOUT: &str = "known ferroce bug: ib_send_bw's exchange differs from \
+    write/read_bw: one more QP-0 ctx_hand_shake after the receives are posted (before traffic) \
+    and no BW-report exchange at the end (only with -b); ferroce (exchange/perftest.rs + \
+    bench.rs) uses the write_bw layout, so the two sides deadlock / misparse (8-byte report read \
+    as a 108-byte key)";
+const BUG_LAT_LAYOUT: &str = "known ferroce bug: ib_read_lat/ib_send_lat (perftest 6.06) do \
+    one extra QP-0 ctx_hand_shake before the first per-QP pass (4 key rounds before traffic, \
+    measured on the wire), ferroce does 3, so the exchange is off by one message";
+const BUG_WRITE_LAT: &str = "known mismatch: ib_write_lat is a WRITE ping-pong (each side \
+    polls the last byte of its buffer for the iteration count the other side writes); `ferroce \
+    bench write --lat` is requester-only (client) or passive (server), so the stock peer waits \
+    forever";
+
+fn strict() -> bool {
+    std::env::var_os("FERROCE_INTEROP_STRICT").is_some_and(|v| v != "0")
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. ibv_*_pingpong ⇄ ferroce pingpong
+
+#[test]
+fn pingpong_interop() {
+    let Some(mut env) = env_or_skip("pingpong_interop") else {
+        return;
+    };
+    let g6 = (env.vm_gid6, env.host_gid6);
+    // (tool, ferroce mode flag, extra args for both, ferroce gid, operation, params, opcodes)
+    let specs: Vec<(&'static str, &str, String, String, String, &str, Vec<u8>)> = vec![
+        (
+            "ibv_rc_pingpong",
+            "",
+            "-g 1 -m 1024 -s 4096 -n 5 -c".into(),
+            "-g 1".into(),
+            "RC SEND 4096 B (4 packets)".into(),
+            "MTU 1024, IPv4 GID, -c",
+            vec![0x00, 0x01, 0x02, 0x11],
+        ),
+        (
+            "ibv_rc_pingpong",
+            "",
+            "-g 1 -m 4096 -s 5000 -n 5 -c".into(),
+            "-g 1".into(),
+            "RC SEND 5000 B (2 packets)".into(),
+            "MTU 4096, IPv4 GID, -c",
+            vec![0x00, 0x02, 0x11],
+        ),
+        (
+            "ibv_rc_pingpong",
+            "",
+            "-m 4096 -s 8192 -n 5 -c".into(),
+            "".into(),
+            "RC SEND 8192 B (2 packets)".into(),
+            "MTU 4096, IPv6 GID, -c",
+            vec![0x00, 0x02, 0x11],
+        ),
+        (
+            "ibv_rc_pingpong",
+            "",
+            "-g 1 -m 1024 -s 64 -n 20 -c".into(),
+            "-g 1".into(),
+            "RC SEND 64 B".into(),
+            "MTU 1024, IPv4 GID, -c",
+            vec![0x04, 0x11],
+        ),
+        (
+            "ibv_uc_pingpong",
+            "--uc",
+            "-g 1 -m 1024 -s 4096 -n 5 -c".into(),
+            "-g 1".into(),
+            "UC SEND 4096 B (4 packets)".into(),
+            "MTU 1024, IPv4 GID, -c",
+            vec![0x20, 0x21, 0x22],
+        ),
+        (
+            "ibv_uc_pingpong",
+            "--uc",
+            "-m 4096 -s 5000 -n 5 -c".into(),
+            "".into(),
+            "UC SEND 5000 B (2 packets)".into(),
+            "MTU 4096, IPv6 GID, -c",
+            vec![0x20, 0x22],
+        ),
+        (
+            "ibv_ud_pingpong",
+            "--ud",
+            "-g 1 -s 1024 -n 5 -c".into(),
+            "-g 1".into(),
+            "UD SEND 1024 B".into(),
+            "port MTU 4096, IPv4 GID, -c",
+            vec![0x64],
+        ),
+        (
+            "ibv_ud_pingpong",
+            "--ud",
+            "-g 1 -s 2048 -n 5 -c".into(),
+            "-g 1".into(),
+            "UD SEND 2048 B (the tool's default)".into(),
+            "port MTU 4096, IPv4 GID, -c",
+            vec![0x64],
+        ),
+        (
+            "ibv_ud_pingpong",
+            "--ud",
+            "-s 4096 -n 5 -c".into(),
+            "".into(),
+            "UD SEND 4096 B".into(),
+            "port MTU 4096, IPv6 GID, -c",
+            vec![0x64],
+        ),
+    ];
+    let mut rows = Vec::new();
+    for (tool, mode, args, fgid, operation, params, ops) in specs {
+        // IPv6 cases: each side its own fd77:: GID index.
+        let (targs, fargs) = if fgid.is_empty() {
+            (
+                format!("-g {} {args}", g6.0),
+                format!("pingpong {mode} -g {} {args}", g6.1),
+            )
+        } else {
+            (args.clone(), format!("pingpong {mode} {args}"))
+        };
+        let case = Case::new(tool, &targs, &fargs, false)
+            .op(&operation, params, &ops)
+            .timeout(60);
+        for c in both_roles(case) {
+            rows.push(judge(&mut env, &c, pingpong_extra));
+        }
+    }
+    rows.push(Row {
+        peer: "ibv_srq_pingpong".into(),
+        operation: "RC SEND into an SRQ".into(),
+        direction: "both".into(),
+        params: "-".into(),
+        verdict: Verdict::Unsupported,
+        seconds: 0.0,
+        note: "`ferroce pingpong` has no SRQ mode yet (the verbs API has SRQs; the tool does \
+               not expose them), so there is no ferroce peer for ibv_srq_pingpong"
+            .into(),
+    });
+    finish(
+        env,
+        "pingpong",
+        "## ibv_*_pingpong ⇄ `ferroce pingpong`\n\nrdma-core's ping-pong tools in the VM, \
+         `ferroce pingpong` on the host; both check the received pages (`-c`) and print their \
+         results lines.",
+        &rows,
+    );
+}
+
+/// Both sides printed their results and found no invalid data.
+fn pingpong_extra(o: &Outcome) -> Result<String, String> {
+    for (who, out) in [("rxe", &o.vm), ("ferroce", &o.host)] {
+        let text = format!("{}{}", out.stdout_str(), out.stderr_str());
+        if text.contains("invalid data") {
+            return Err(format!("{who} side: invalid data"));
+        }
+        if out.success() && !text.contains("iters in") {
+            return Err(format!("{who} side printed no results line"));
+        }
+    }
+    let usec = o
+        .host
+        .stdout_str()
+        .lines()
+        .find(|l| l.contains("usec/iter"))
+        .and_then(|l| l.split('=').nth(1))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_default();
+    Ok(if usec.is_empty() {
+        String::new()
+    } else {
+        format!("ferroce {usec}")
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. perftest ⇄ ferroce bench
+
+/// One perftest parameter set: (extra args for both sides except the GID, IPv6?, description).
+struct PerfSet {
+    args: &'static str,
+    ipv6: bool,
+    what: &'static str,
+}
+
+fn perf_case(env: &Env, tool: &'static str, test: &str, set: &PerfSet, ops: &[u8]) -> Case {
+    let (tg, fg) = if set.ipv6 {
+        (env.vm_gid6 as usize, env.host_gid6)
+    } else {
+        (1, 1)
+    };
+    let qps = set
+        .args
+        .split_whitespace()
+        .skip_while(|w| *w != "-q")
+        .nth(1)
+        .unwrap_or("1");
+    let mtu = set
+        .args
+        .split_whitespace()
+        .skip_while(|w| *w != "-m")
+        .nth(1)
+        .unwrap_or("4096");
+    Case::new(
+        tool,
+        &format!("-x {tg} {} -F", set.args),
+        &format!("bench {test} -x {fg} {}", set.args),
+        false,
+    )
+    .op(
+        set.what,
+        &format!(
+            "MTU {mtu}, {}, {qps} QP{}",
+            if set.ipv6 { "IPv6 GID" } else { "IPv4 GID" },
+            if qps == "1" { "" } else { "s" }
+        ),
+        ops,
+    )
+}
+
+/// The stock tool printed a results line; ferroce's data check passed or says why it could not.
+fn perftest_extra(o: &Outcome) -> Result<String, String> {
+    let vm = o.vm.stdout_str();
+    let results = vm.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() >= 3 && f[0].parse::<u64>().is_ok() && f[1].parse::<u64>().is_ok()
+    });
+    if o.vm.success() && !results {
+        return Err("the stock tool printed no results line".into());
+    }
+    let err = o.host.stderr_str();
+    if let Some(l) = err.lines().find(|l| l.contains("data check FAILED")) {
+        return Err(format!("ferroce: {l}"));
+    }
+    let check = match err.lines().find(|l| l.contains("data check skipped")) {
+        Some(l) => format!(
+            "ferroce data check skipped ({})",
+            l.split(": ").nth(1).unwrap_or("").trim()
+        ),
+        None if o.host.stdout_str().contains("#bytes") && !o.vm.stdout_str().is_empty() => {
+            "ferroce data check ok".to_string()
+        }
+        None => String::new(),
+    };
+    Ok(check)
+}
+
+#[test]
+fn perftest_bw_interop() {
+    let Some(mut env) = env_or_skip("perftest_bw_interop") else {
+        return;
+    };
+    let sets = [
+        PerfSet {
+            args: "-m 1024 -s 4096 -n 20",
+            ipv6: false,
+            what: "4096 B × 20",
+        },
+        PerfSet {
+            args: "-m 1024 -s 2000 -n 2",
+            ipv6: false,
+            what: "2000 B × 2 (fits perftest's remote span)",
+        },
+        PerfSet {
+            args: "-m 4096 -s 8192 -n 10 -q 8",
+            ipv6: true,
+            what: "8192 B × 10 per QP",
+        },
+        PerfSet {
+            args: "-m 4096 -s 2048 -n 2 -q 8",
+            ipv6: true,
+            what: "2048 B × 2 per QP (fits perftest's remote span)",
+        },
+    ];
+    let mut rows = Vec::new();
+    for (tool, test, label, ops) in [
+        (
+            "ib_write_bw",
+            "write",
+            "WRITE bw",
+            &[0x06u8, 0x08, 0x11][..],
+        ),
+        ("ib_read_bw", "read", "READ bw", &[0x0c, 0x0d, 0x0f][..]),
+        ("ib_send_bw", "send", "SEND bw", &[0x00, 0x02, 0x11][..]),
+    ] {
+        for set in &sets {
+            // Single-packet sizes show the ONLY opcodes instead.
+            let ops: Vec<u8> = if set.args.contains("-s 2048") || set.args.contains("-s 2000 -n 2")
+            {
+                match test {
+                    "write" if set.args.contains("-m 4096") => vec![0x0a, 0x11],
+                    "read" if set.args.contains("-m 4096") => vec![0x0c, 0x10],
+                    "send" if set.args.contains("-m 4096") => vec![0x04, 0x11],
+                    _ => ops.to_vec(),
+                }
+            } else {
+                ops.to_vec()
+            };
+            let mut case = perf_case(&env, tool, test, set, &ops).timeout(60);
+            case.operation = format!("{label} {}", set.what);
+            for c in both_roles(case) {
+                rows.push(judge(&mut env, &c, perftest_extra));
+            }
+        }
+    }
+    finish(
+        env,
+        "perftest-bw",
+        "## perftest bandwidth tools ⇄ `ferroce bench`\n\nSizes instead of `-a` (all sizes 2 B \
+         to 8 MiB would take tens of minutes under TCG): one multi-packet size at MTU 1024 and \
+         one at MTU 4096 with 8 QPs, each also in a variant small enough to stay inside the span \
+         perftest advertises (see the known bug). perftest itself checks no data; ferroce's \
+         client reads WRITEs back and checks READ data when the peer is ferroce.",
+        &rows,
+    );
+}
+
+#[test]
+fn perftest_atomic_lat_interop() {
+    let Some(mut env) = env_or_skip("perftest_atomic_lat_interop") else {
+        return;
+    };
+    let mut rows = Vec::new();
+    for (kind, op) in [("FETCH_AND_ADD", 0x14u8), ("CMP_AND_SWAP", 0x13)] {
+        for set in [
+            PerfSet {
+                args: "-m 1024 -n 20",
+                ipv6: false,
+                what: "",
+            },
+            PerfSet {
+                args: "-m 4096 -n 10 -q 8",
+                ipv6: true,
+                what: "",
+            },
+        ] {
+            let mut case = perf_case(&env, "ib_atomic_bw", "atomic", &set, &[op, 0x12]).timeout(60);
+            case.tool_args = format!("{} -A {kind}", case.tool_args);
+            case.ferroce_args = format!("{} -A {kind}", case.ferroce_args);
+            case.operation = format!("{kind} bw");
+            for c in both_roles(case) {
+                rows.push(judge(&mut env, &c, perftest_extra));
+            }
+        }
+    }
+    for (tool, test, label, ops) in [
+        (
+            "ib_write_lat",
+            "write",
+            "WRITE lat 64 B × 10",
+            &[0x0au8][..],
+        ),
+        (
+            "ib_read_lat",
+            "read",
+            "READ lat 64 B × 10",
+            &[0x0c, 0x10][..],
+        ),
+        ("ib_send_lat", "send", "SEND lat 64 B × 10", &[0x04][..]),
+    ] {
+        let set = PerfSet {
+            args: "-m 1024 -s 64 -n 10",
+            ipv6: false,
+            what: "",
+        };
+        let mut case = perf_case(&env, tool, test, &set, ops).timeout(25);
+        case.ferroce_args = case.ferroce_args.replacen("bench ", "bench --lat ", 1);
+        case.ferroce_args = case
+            .ferroce_args
+            .replace(&format!("--lat {test}"), &format!("{test} --lat"));
+        case.operation = label.into();
+        for c in both_roles(case) {
+            rows.push(judge(&mut env, &c, perftest_extra));
+        }
+    }
+    finish(
+        env,
+        "perftest-atomic-lat",
+        "## perftest atomic and latency tools ⇄ `ferroce bench`\n\nAtomics: both kinds, 1 QP \
+         over IPv4 and 8 QPs over IPv6. Latency tools: 64 B × 10 at MTU 1024.",
+        &rows,
+    );
+}
