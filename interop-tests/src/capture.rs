@@ -40,6 +40,9 @@ impl Capture {
         cmd.args(["netns", "exec", netns, "tcpdump", "-i", iface])
             .args([
                 "-n",
+                // 32 MiB of kernel buffer: bursts of 8 QPs under load overran the default 2 MiB.
+                "-B",
+                "32768",
                 "-s",
                 "0",
                 "-U",

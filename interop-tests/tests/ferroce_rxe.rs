@@ -78,6 +78,17 @@ fn env_or_skip(test: &str) -> Option<Env> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let backend = std::env::var("FERROCE_INTEROP_BACKEND").unwrap_or_else(|_| "afpacket".into());
+    // IPv6: wait out DAD on the VM's fd77:: address and fill both neighbour caches, or the
+    // first IPv6 connect races it (rxe: "Couldn't connect to remote QP").
+    let _ = lab.vm(0).run(
+        "for i in $(seq 1 100); do ip -6 addr show dev eth0 | grep -q tentative || break; \
+         sleep 0.1; done",
+    );
+    let _ = lab
+        .command("ping")
+        .args(["-6", "-c", "2", "-i", "0.2", "-W", "5"])
+        .arg(lab.vm(0).ipv6().to_string())
+        .output();
     let vm_gid6 = ipv6_gid_index(lab.vm(0));
     let mut env = Env {
         lab,
@@ -214,6 +225,8 @@ struct Outcome {
     /// Set when the harness itself failed (boot, spawn, listen time-out).
     harness_error: Option<String>,
     pcap: PathBuf,
+    /// ferroce was the server.
+    ferroce_server: bool,
 }
 
 impl Outcome {
@@ -255,6 +268,7 @@ fn run_case(env: &mut Env, case: &Case) -> Outcome {
         seconds: 0.0,
         harness_error: None,
         pcap: pcap.clone(),
+        ferroce_server: case.ferroce_server,
     };
     let cap = match env.lab.capture(CAPTURE_IFACE, &pcap, "udp port 4791") {
         Ok(c) => c,
@@ -357,10 +371,27 @@ fn run_case(env: &mut Env, case: &Case) -> Outcome {
                 return out;
             }
         };
-        if let Err(e) = vm.wait_listening(PORT, Duration::from_secs(60)) {
-            out.harness_error = Some(format!("rxe server not listening: {e}"));
-            out.vm = job.stop("KILL").unwrap_or_else(|_| empty_output());
-            return out;
+        let listen_deadline = Instant::now() + Duration::from_secs(60);
+        let mut job = job;
+        loop {
+            if vm.wait_listening(PORT, Duration::from_secs(1)).is_ok() {
+                break;
+            }
+            let ended = match job.try_wait() {
+                Ok(Some(o)) => Some(o),
+                Ok(None) => None,
+                Err(_) => Some(empty_output()),
+            };
+            if let Some(o) = ended {
+                out.harness_error = Some("rxe server exited before listening".into());
+                out.vm = o;
+                return out;
+            }
+            if Instant::now() > listen_deadline {
+                out.harness_error = Some("rxe server not listening after 60 s".into());
+                out.vm = job.stop("KILL").unwrap_or_else(|_| empty_output());
+                return out;
+            }
         }
         let _proxy = if case.via_proxy {
             match start_proxy(env, &slug, vm.ip().to_string()) {
@@ -383,7 +414,8 @@ fn run_case(env: &mut Env, case: &Case) -> Outcome {
             Ok(j) => out.host = j.wait_timeout(case.timeout),
             Err(e) => out.harness_error = Some(format!("spawn ferroce: {e}")),
         }
-        let grace = if out.host.success() { 30 } else { 5 };
+        // A stock server ends right after the client's closing hand-shake.
+        let grace = if out.host.success() { 10 } else { 5 };
         out.vm = match job.wait_timeout(Duration::from_secs(grace)) {
             Ok(o) => o,
             Err(e) => Output {
@@ -621,6 +653,9 @@ fn known_bug(case: &Case) -> Option<&'static str> {
                 .and_then(|s| s.parse::<u32>().ok())
                 .is_some_and(|s| s > 1024)
     };
+    if case.params.contains("backend udp") && case.params.contains("IPv4") {
+        return Some(BUG_UDP_IPV4_ICRC);
+    }
     match case.tool {
         "ibv_ud_pingpong" if size_over_mtu_ud() => Some(BUG_UD_MTU),
         "ib_write_bw" | "ib_read_bw" | "ib_atomic_bw"
@@ -661,6 +696,13 @@ const BUG_UD_MTU: &str = "known ferroce bug: UD sends above 1024 B fail locally 
     although the port MTU is 4096 (stack/src/transport/requester.rs checks `len > self.mtu()`, the \
     QP's path MTU, which a UD QP never gets: verbs-api/src/qp.rs `connect` moves UD to RTR with \
     the STATE mask only, so it stays at the 1024 default; rxe uses the port MTU for UD)";
+const BUG_UDP_IPV4_ICRC: &str = "known ferroce bug: over IPv4 the UDP backend computes the ICRC \
+    of what it sends over an IPv4 header with Identification 0, but the kernel put a non-zero IP \
+    ID on the wire (seen: 0x5de0, DF set, sport 4791: the wire ICRC matches only ID 0), so rxe \
+    drops every frame as a bad ICRC; and on receive it cannot see the IP ID rxe sets, so it drops \
+    rxe's frames (the top README lists this receive side as a limitation; \
+    nic-drivers/src/udp.rs's module doc wrongly says the ICRC masks the ID). IPv6 is unaffected \
+    but the tools give the UDP backend no IPv6 GID";
 const BUG_REMOTE_SPAN: &str = "known ferroce bug: `ferroce bench` (client) spreads WRITE/READ/\
     atomic targets over max(2×size, 8192) B from the peer's vaddr (verbs-api/src/bin/ferroce/\
     bench.rs, RemoteBuf len = per_qp), but perftest advertises vaddr = buf + (num_qps+i)×\
@@ -686,6 +728,18 @@ fn strict() -> bool {
 // ---------------------------------------------------------------------------------------------
 // 1. ibv_*_pingpong ⇄ ferroce pingpong
 
+/// (tool, ferroce mode flag, args for both, ferroce GID flag ("" = IPv6), operation, params,
+/// opcodes).
+type PingpongSpec = (
+    &'static str,
+    &'static str,
+    String,
+    String,
+    String,
+    &'static str,
+    Vec<u8>,
+);
+
 #[test]
 fn pingpong_interop() {
     let Some(mut env) = env_or_skip("pingpong_interop") else {
@@ -693,7 +747,7 @@ fn pingpong_interop() {
     };
     let g6 = (env.vm_gid6, env.host_gid6);
     // (tool, ferroce mode flag, extra args for both, ferroce gid, operation, params, opcodes)
-    let specs: Vec<(&'static str, &str, String, String, String, &str, Vec<u8>)> = vec![
+    let specs: Vec<PingpongSpec> = vec![
         (
             "ibv_rc_pingpong",
             "",
@@ -905,9 +959,7 @@ fn perftest_extra(o: &Outcome) -> Result<String, String> {
             "ferroce data check skipped ({})",
             l.split(": ").nth(1).unwrap_or("").trim()
         ),
-        None if o.host.stdout_str().contains("#bytes") && !o.vm.stdout_str().is_empty() => {
-            "ferroce data check ok".to_string()
-        }
+        None if !o.ferroce_server && o.host.success() => "ferroce data check ok".to_string(),
         None => String::new(),
     };
     Ok(check)
@@ -925,9 +977,9 @@ fn perftest_bw_interop() {
             what: "4096 B × 20",
         },
         PerfSet {
-            args: "-m 1024 -s 2000 -n 2",
+            args: "-m 512 -s 800 -n 5",
             ipv6: false,
-            what: "2000 B × 2 (fits perftest's remote span)",
+            what: "800 B × 5 (2 packets; inside perftest's remote span)",
         },
         PerfSet {
             args: "-m 4096 -s 8192 -n 10 -q 8",
@@ -935,9 +987,9 @@ fn perftest_bw_interop() {
             what: "8192 B × 10 per QP",
         },
         PerfSet {
-            args: "-m 4096 -s 2048 -n 2 -q 8",
+            args: "-m 4096 -s 800 -n 5 -q 8",
             ipv6: true,
-            what: "2048 B × 2 per QP (fits perftest's remote span)",
+            what: "800 B × 5 per QP (inside perftest's remote span)",
         },
     ];
     let mut rows = Vec::new();
@@ -953,8 +1005,11 @@ fn perftest_bw_interop() {
     ] {
         for set in &sets {
             // Single-packet sizes show the ONLY opcodes instead.
-            let ops: Vec<u8> = if set.args.contains("-s 2048") || set.args.contains("-s 2000 -n 2")
-            {
+            if test == "send" && set.args.contains("-s 800") {
+                // ib_send_bw fails on the exchange whatever the size (known bug): two sets do.
+                continue;
+            }
+            let ops: Vec<u8> = if set.args.contains("-s 800") {
                 match test {
                     "write" if set.args.contains("-m 4096") => vec![0x0a, 0x11],
                     "read" if set.args.contains("-m 4096") => vec![0x0c, 0x10],
@@ -1048,4 +1103,405 @@ fn perftest_atomic_lat_interop() {
          over IPv4 and 8 QPs over IPv6. Latency tools: 64 B × 10 at MTU 1024.",
         &rows,
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Loss and reordering (netem inside the VM: the host kernel has no sch_netem)
+
+/// Runs `f` with `qdisc` as eth0's root qdisc in the VM, then removes it.
+fn with_netem<T>(env: &mut Env, qdisc: &str, f: impl FnOnce(&mut Env) -> T) -> Result<T, String> {
+    let add = format!("tc qdisc add dev eth0 root netem {qdisc}");
+    env.vm().run_ok(&add).map_err(|e| format!("{add}: {e}"))?;
+    let r = f(env);
+    let _ = env
+        .vm()
+        .run("tc -s qdisc show dev eth0 >&2; tc qdisc del dev eth0 root");
+    Ok(r)
+}
+
+/// Like [`pingpong_extra`] / [`perftest_extra`], plus the retransmission evidence in the capture.
+fn loss_extra(o: &Outcome) -> Result<String, String> {
+    let base = if o.vm.stdout_str().contains("iters in") {
+        pingpong_extra(o)?
+    } else {
+        perftest_extra(o)?
+    };
+    let (dups, naks) = o
+        .capture
+        .as_ref()
+        .map(|c| ferroce_interop::host::retransmissions(&c.decode_text))
+        .unwrap_or_default();
+    Ok(format!(
+        "{base}{}{dups} retransmitted requests, {naks} NAKs seen",
+        if base.is_empty() { "" } else { "; " }
+    ))
+}
+
+#[test]
+fn loss_and_reordering_interop() {
+    let Some(mut env) = env_or_skip("loss_and_reordering_interop") else {
+        return;
+    };
+    let cases = [
+        Case::new(
+            "ibv_rc_pingpong",
+            "-g 1 -m 1024 -s 4096 -n 100 -c",
+            "pingpong -g 1 -m 1024 -s 4096 -n 100 -c",
+            false,
+        )
+        .op(
+            "RC SEND 4096 B × 100",
+            "MTU 1024, IPv4 GID, -c",
+            &[0x00, 0x02, 0x11],
+        ),
+        Case::new(
+            "ib_write_bw",
+            "-x 1 -m 1024 -s 65536 -n 30 -F",
+            "bench write -x 1 -m 1024 -s 65536 -n 30",
+            true,
+        )
+        .op(
+            "WRITE bw 64 KiB × 30",
+            "MTU 1024, IPv4 GID",
+            &[0x06, 0x07, 0x08, 0x11],
+        ),
+        Case::new(
+            "ib_read_bw",
+            "-x 1 -m 1024 -s 65536 -n 30 -F",
+            "bench read -x 1 -m 1024 -s 65536 -n 30",
+            true,
+        )
+        .op(
+            "READ bw 64 KiB × 30",
+            "MTU 1024, IPv4 GID",
+            &[0x0c, 0x0d, 0x0e, 0x0f],
+        ),
+        Case::new(
+            "ib_write_bw",
+            "-x 1 -m 256 -s 800 -n 5 -F",
+            "bench write -x 1 -m 256 -s 800 -n 5",
+            false,
+        )
+        .op(
+            "WRITE bw 800 B × 5 + read-back",
+            "MTU 256, IPv4 GID",
+            &[0x06, 0x07, 0x08],
+        ),
+        Case::new(
+            "ib_read_bw",
+            "-x 1 -m 256 -s 800 -n 5 -F",
+            "bench read -x 1 -m 256 -s 800 -n 5",
+            false,
+        )
+        .op(
+            "READ bw 800 B × 5",
+            "MTU 256, IPv4 GID",
+            &[0x0c, 0x0d, 0x0f],
+        ),
+    ];
+    let mut rows = Vec::new();
+    for (qdisc, label) in [
+        ("loss 1%", "netem loss 1%"),
+        (
+            "delay 2ms reorder 25% 50%",
+            "netem delay 2ms reorder 25% 50%",
+        ),
+    ] {
+        let mut batch = Vec::new();
+        let r = with_netem(&mut env, qdisc, |env| {
+            for case in &cases {
+                let mut roles: Vec<Case> = if case.tool == "ibv_rc_pingpong" {
+                    both_roles(case.clone()).to_vec()
+                } else {
+                    vec![case.clone()]
+                };
+                for c in roles.iter_mut() {
+                    c.params = format!("{}, {label} on the VM's egress", c.params);
+                    c.timeout = Duration::from_secs(90);
+                    batch.push(judge(env, c, loss_extra));
+                }
+            }
+        });
+        if let Err(e) = r {
+            batch.push(Row {
+                peer: "tc".into(),
+                operation: label.into(),
+                direction: "-".into(),
+                params: "-".into(),
+                verdict: Verdict::Fail,
+                seconds: 0.0,
+                note: e,
+            });
+        }
+        rows.extend(batch);
+    }
+    finish(
+        env,
+        "loss",
+        "## Loss and reordering\n\n`tc qdisc add dev eth0 root netem ...` inside the VM (the \
+         host kernel has no sch_netem), so frames rxe sends are dropped or reordered: ferroce as \
+         responder must NAK / re-accept them, ferroce as requester must retransmit after lost \
+         ACKs and read responses. The counts are from the capture on the host side of the \
+         link (drops happen before it, so a retransmission shows as a second copy of a request). \
+         The ferroce-client perftest rows use sizes inside perftest's advertised span (known \
+         bug below).",
+        &rows,
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Error interop: a bad rkey
+
+/// The side that used the bad rkey reported a remote access error, and the capture holds the
+/// responder's NAK (AETH syndrome 0x62: "rem-access-err" in `ferroce decode`).
+fn rkey_extra(o: &Outcome) -> Result<String, String> {
+    let nak = o
+        .capture
+        .as_ref()
+        .is_some_and(|c| c.decode_text.contains("NAK rem-access-err"));
+    if !nak {
+        return Err("no REMOTE ACCESS ERROR NAK (AETH 0x62) in the capture".into());
+    }
+    if o.ferroce_server {
+        // The stock client used the bad key: rdma-core status 10 = IBV_WC_REM_ACCESS_ERR.
+        let text = format!("{}{}", o.vm.stdout_str(), o.vm.stderr_str());
+        let line = text
+            .lines()
+            .find(|l| l.contains("Failed status"))
+            .unwrap_or("");
+        if o.vm.success() || !line.contains("status 10") {
+            return Err(format!(
+                "the stock client did not report IBV_WC_REM_ACCESS_ERR (10): {}",
+                last_line(&o.vm)
+            ));
+        }
+        Ok(format!(
+            "ferroce NAKed with 0x62; stock client: {}",
+            line.trim()
+        ))
+    } else {
+        let err = o.host.stderr_str();
+        if o.host.success() || !err.contains("RemAccessErr") {
+            return Err(format!(
+                "ferroce did not report REM_ACCESS_ERR: {}",
+                last_line(&o.host)
+            ));
+        }
+        Ok("rxe NAKed with 0x62; ferroce: work request completed with RemAccessErr".into())
+    }
+}
+
+#[test]
+fn bad_rkey_interop() {
+    let Some(mut env) = env_or_skip("bad_rkey_interop") else {
+        return;
+    };
+    let mut rows = Vec::new();
+    for (tool, test, label, ops) in [
+        (
+            "ib_write_bw",
+            "write",
+            "WRITE with a bad rkey",
+            &[0x0au8, 0x11][..],
+        ),
+        (
+            "ib_read_bw",
+            "read",
+            "READ with a bad rkey",
+            &[0x0c, 0x11][..],
+        ),
+    ] {
+        let mut case = Case::new(
+            tool,
+            "-x 1 -m 1024 -s 64 -n 5 -F",
+            &format!("bench {test} -x 1 -m 1024 -s 64 -n 5"),
+            false,
+        )
+        .op(
+            label,
+            "MTU 1024, IPv4 GID; the server's RKey corrupted in the exchange by a relay",
+            ops,
+        )
+        .timeout(40);
+        case.via_proxy = true;
+        case.expect_error = true;
+        for c in both_roles(case) {
+            rows.push(judge(&mut env, &c, rkey_extra));
+        }
+    }
+    finish(
+        env,
+        "errors",
+        "## Error interop: a bad rkey\n\nNo stock tool takes a bad rkey on its command line, so \
+         a relay in the lab namespace (`ferroce-interop rkey-proxy`) passes perftest's TCP \
+         exchange through and XORs the server's RKey in its key messages with 0x5a5a0000. The \
+         client's first RDMA operation then carries a key the server never issued: the \
+         responder must NAK it with REMOTE ACCESS ERROR (AETH syndrome 0x62) and the requester \
+         must complete the work request with REM_ACCESS_ERR (rdma-core status 10). Pass means \
+         exactly that happened.",
+        &rows,
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Every ferroce backend against rxe
+
+#[test]
+fn backends_interop() {
+    let Some(mut env) = env_or_skip("backends_interop") else {
+        return;
+    };
+    let mut rows = Vec::new();
+    for backend in ["afpacket", "afxdp", "udp"] {
+        env.backend = backend.into();
+        let g6 = (env.vm_gid6, env.host_gid6);
+        if backend == "udp" {
+            rows.push(Row {
+                peer: "ibv_rc_pingpong".into(),
+                operation: "RC SEND 5000 B".into(),
+                direction: "both".into(),
+                params: "backend udp, IPv6 GID".into(),
+                verdict: Verdict::Unsupported,
+                seconds: 0.0,
+                note: "the ferroce tools bind the UDP backend to the interface's IPv4 address \
+                       only (verbs-api/src/bin/ferroce/common.rs `udp_bind`), so its GID table \
+                       has no IPv6 GID"
+                    .into(),
+            });
+        }
+        let pp6 = Case::new(
+            "ibv_rc_pingpong",
+            &format!("-g {} -m 4096 -s 5000 -n 10 -c", g6.0),
+            &format!("pingpong -g {} -m 4096 -s 5000 -n 10 -c", g6.1),
+            false,
+        )
+        .op(
+            "RC SEND 5000 B",
+            &format!("backend {backend}, MTU 4096, IPv6 GID, -c"),
+            &[0x00, 0x02, 0x11],
+        )
+        .timeout(60);
+        if backend != "udp" {
+            for c in both_roles(pp6) {
+                rows.push(judge(&mut env, &c, pingpong_extra));
+            }
+        }
+        let pp = Case::new(
+            "ibv_rc_pingpong",
+            "-g 1 -m 1024 -s 4096 -n 10 -c",
+            "pingpong -g 1 -m 1024 -s 4096 -n 10 -c",
+            false,
+        )
+        .op(
+            "RC SEND 4096 B",
+            &format!("backend {backend}, MTU 1024, IPv4 GID, -c"),
+            &[0x00, 0x01, 0x02, 0x11],
+        )
+        .timeout(60);
+        for c in both_roles(pp) {
+            rows.push(judge(&mut env, &c, pingpong_extra));
+        }
+        let wr = Case::new(
+            "ib_write_bw",
+            "-x 1 -m 1024 -s 4096 -n 20 -F",
+            "bench write -x 1 -m 1024 -s 4096 -n 20",
+            true,
+        )
+        .op(
+            "WRITE bw 4096 B × 20",
+            &format!("backend {backend}, MTU 1024, IPv4 GID"),
+            &[0x06, 0x07, 0x08, 0x11],
+        )
+        .timeout(60);
+        // Over UDP/IPv4 the WRITE run fails like the ping-pong (known bug) but only after the
+        // full time-out: not worth a minute.
+        if backend != "udp" {
+            rows.push(judge(&mut env, &wr, perftest_extra));
+        }
+        rows.push(ping_while_attached(&env, backend));
+    }
+    env.backend = "afpacket, afxdp, udp".into();
+    finish(
+        env,
+        "backends",
+        "## ferroce backends\n\nThe same RC ping-pong and WRITE bandwidth run over each ferroce \
+         packet engine on veth-h, and a check that the kernel stack on veth-h still answers \
+         (ping to the VM) while ferroce has the interface (AF_XDP attaches an XDP program).",
+        &rows,
+    );
+}
+
+/// While a ferroce server holds veth-h with `backend`, the host's kernel stack still reaches
+/// the VM (ping), and the server still works afterwards.
+fn ping_while_attached(env: &Env, backend: &str) -> Row {
+    let started = Instant::now();
+    let args: Vec<String> = format!(
+        "pingpong -g 1 -m 1024 -s 64 -n 3 -d {} --backend {backend}",
+        env.lab.host_iface()
+    )
+    .split_whitespace()
+    .map(str::to_owned)
+    .collect();
+    let note;
+    let mut ok = false;
+    match HostJob::spawn(env.ferroce_cmd(&args), &env.dir, &format!("ping-{backend}")) {
+        Ok(mut job) => {
+            if let Err(e) = job.wait_listening(PORT, Duration::from_secs(30)) {
+                note = format!("ferroce server: {e}");
+            } else {
+                let ping = |v6: bool, addr: String| {
+                    let mut cmd = env.lab.command("ping");
+                    if v6 {
+                        cmd.arg("-6");
+                    }
+                    cmd.args(["-c", "3", "-i", "0.2", "-W", "5"])
+                        .arg(addr)
+                        .output()
+                        .is_ok_and(|o| o.status.success())
+                };
+                let p4 = ping(false, env.vm().ip().to_string());
+                let p6 = ping(true, env.vm().ipv6().to_string());
+                let word = |b: bool| if b { "ok" } else { "FAILED" };
+                if backend == "udp" {
+                    // The ping-pong would fail on the known UDP/IPv4 ICRC bug; the pings are
+                    // the point here.
+                    drop(job);
+                    ok = p4 && p6;
+                    note = format!(
+                        "ping {} / ping -6 {} while ferroce's UDP socket is bound",
+                        word(p4),
+                        word(p6)
+                    );
+                } else {
+                    let client = env.vm().run_timeout(
+                        &format!(
+                            "ibv_rc_pingpong -g 1 -m 1024 -s 64 -n 3 {}",
+                            env.lab.host_ipv4()
+                        ),
+                        Duration::from_secs(30),
+                    );
+                    let client_ok = client.as_ref().is_ok_and(Output::success);
+                    let server = job.wait_timeout(Duration::from_secs(20));
+                    let pp = client_ok && server.success();
+                    ok = p4 && p6 && pp;
+                    note = format!(
+                        "ping {} / ping -6 {} while attached; the ping-pong then {}",
+                        word(p4),
+                        word(p6),
+                        word(pp)
+                    );
+                }
+            }
+        }
+        Err(e) => note = format!("spawn ferroce: {e}"),
+    }
+    Row {
+        peer: "ping (kernel stack)".into(),
+        operation: "IPv4 + IPv6 ping to the VM while ferroce holds veth-h".into(),
+        direction: "host → VM".into(),
+        params: format!("backend {backend}"),
+        verdict: if ok { Verdict::Pass } else { Verdict::Fail },
+        seconds: started.elapsed().as_secs_f64(),
+        note,
+    }
 }
