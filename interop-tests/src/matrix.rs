@@ -104,7 +104,51 @@ pub fn write_section(path: &Path, name: &str, intro: &str, rows: &[Row]) -> std:
             s
         }
     };
-    std::fs::write(path, new)
+    std::fs::write(path, sort_sections(&new))
+}
+
+/// The order sections appear in, whatever order the tests finish in; unknown ones go last.
+const ORDER: [&str; 6] = [
+    "pingpong",
+    "perftest-bw",
+    "perftest-atomic-lat",
+    "loss",
+    "errors",
+    "backends",
+];
+
+/// Reorders the `<!-- section: NAME -->` … `<!-- end: NAME -->` blocks by [`ORDER`], keeping the
+/// text before the first block as the header.
+fn sort_sections(text: &str) -> String {
+    let Some(first) = text.find("<!-- section: ") else {
+        return text.to_string();
+    };
+    let mut blocks: Vec<(usize, String, String)> = Vec::new();
+    let mut rest = &text[first..];
+    while let Some(b) = rest.find("<!-- section: ") {
+        let after = &rest[b + "<!-- section: ".len()..];
+        let Some(name_end) = after.find(" -->") else {
+            break;
+        };
+        let name = after[..name_end].to_string();
+        let end = format!("<!-- end: {name} -->");
+        let Some(e) = rest[b..].find(&end) else {
+            break;
+        };
+        let block = rest[b..b + e + end.len()].to_string();
+        let rank = ORDER.iter().position(|n| *n == name).unwrap_or(ORDER.len());
+        blocks.push((rank, name, block));
+        rest = &rest[b + e + end.len()..];
+    }
+    blocks.sort_by(|x, y| x.0.cmp(&y.0).then_with(|| x.1.cmp(&y.1)));
+    let mut out = text[..first].to_string();
+    for (_, _, block) in blocks {
+        out.push_str(&block);
+        out.push_str("\n\n");
+    }
+    out.truncate(out.trim_end().len());
+    out.push('\n');
+    out
 }
 
 /// Table-safe text: no pipes or newlines.
@@ -121,3 +165,37 @@ given a server name: the requester in perftest BW/READ/atomic tests), `rxe → f
 tool is the client. Every run is captured on `veth-h`; *decode ok* means `ferroce decode` found \
 every ICRC right, the tshark list is the BTH opcodes tshark's InfiniBand dissector read (hex × \
 count).\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sections_are_replaced_in_place_and_ordered() {
+        let dir = std::env::temp_dir().join(format!("ferroce-matrix-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("RESULTS.md");
+        let _ = std::fs::remove_file(&path);
+        let row = |v| Row {
+            peer: "t".into(),
+            operation: "a|b".into(),
+            direction: "d".into(),
+            params: "p".into(),
+            verdict: v,
+            seconds: 1.0,
+            note: "n".into(),
+        };
+        write_section(&path, "loss", "## L", &[row(Verdict::Pass)]).unwrap();
+        write_section(&path, "pingpong", "## P", &[row(Verdict::Fail)]).unwrap();
+        write_section(&path, "loss", "## L2", &[row(Verdict::KnownBug)]).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("# ferroce"));
+        let p = text.find("## P").unwrap();
+        let l = text.find("## L2").unwrap();
+        assert!(p < l, "{text}");
+        assert!(!text.contains("## L\n"), "{text}");
+        assert!(text.contains("a\\|b"), "{text}");
+        assert_eq!(text.matches("<!-- section: loss -->").count(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
