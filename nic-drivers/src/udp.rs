@@ -18,8 +18,13 @@
 //! What is lost compared with a raw backend: the UDP *source* port of sent
 //! frames is always the socket's (the core's per-QP entropy port is not
 //! carried), the MACs are synthetic (from [`crate::frame::mac_for_ip`]), and
-//! the IPv4 id / DF / flow label of received packets are not reported (the
-//! ICRC masks or ignores them: see DESIGN.md).
+//! the IPv4 identification, DF and IPv6 flow label of received packets are
+//! not reported. The ICRC masks the flow label but *covers* the IPv4
+//! identification: received frames are synthesised with id 0, and the kernel
+//! picks the id of what this socket sends, so over IPv4 ICRCs only agree
+//! between two ferroce UDP endpoints (both sides assume 0). A peer that
+//! computes the ICRC over the real header (rxe, an RNIC) drops our frames and
+//! we drop its: talk to those through AF_XDP or AF_PACKET.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};

@@ -290,13 +290,21 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     }
     .map_err(|e| e.to_string())?;
     let peer_is_ferroce = session.negotiated.remote_version.contains("ferroce");
+    // A ferroce peer registers per_qp bytes per QP; a stock perftest peer
+    // only max(size, 4096) at the address it sends (reaching past it draws a
+    // remote access error).
+    let remote_len = if peer_is_ferroce {
+        per_qp
+    } else {
+        u64::from(max_size).max(4096)
+    };
     let remotes: Vec<RemoteBuf> = session
         .remote_dests
         .iter()
         .map(|d| RemoteBuf {
             addr: d.vaddr,
             rkey: d.rkey,
-            len: per_qp,
+            len: remote_len,
         })
         .collect();
     if !a.json {
@@ -490,7 +498,9 @@ fn verify_client(
     p: &PerfParams,
     res: &PerfResult,
 ) -> Result<Check, String> {
-    let span = (u64::from(res.size) * res.iters.min(1 << 20)).min(per_qp / 2);
+    let span = (u64::from(res.size) * res.iters.min(1 << 20))
+        .min(per_qp / 2)
+        .min(remotes[0].len);
     match p.op {
         PerfOp::Write => {
             // READ the written span of QP 0's remote buffer into the upper half of our slice.

@@ -361,8 +361,11 @@ fn run_srq(a: Args) -> Result<i32, String> {
     let mr = pd
         .reg_mr(a.size as usize, AccessFlags::LOCAL_WRITE)
         .map_err(|e| format!("Couldn't register MR: {e}"))?;
-    mr.write(0, &vec![0x7bu8; a.size as usize])
-        .map_err(|e| e.to_string())?;
+    let mut init = vec![0x7bu8; a.size as usize];
+    if a.chk {
+        page_pattern(&mut init);
+    }
+    mr.write(0, &init).map_err(|e| e.to_string())?;
     let cq = ctx
         .create_cq(a.rx_depth + a.num_qp)
         .map_err(|e| format!("Couldn't create CQ: {e}"))?;
