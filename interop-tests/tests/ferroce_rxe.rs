@@ -648,14 +648,6 @@ fn known_bug(case: &Case) -> Option<&'static str> {
         return Some(BUG_UDP_IPV4_ICRC);
     }
     match case.tool {
-        "ibv_srq_pingpong" if !case.ferroce_server && case.ferroce_args.contains(" -c") => {
-            Some(BUG_SRQ_CHK)
-        }
-        "ib_write_bw" | "ib_read_bw" | "ib_atomic_bw"
-            if !case.ferroce_server && remote_overrun(case) =>
-        {
-            Some(BUG_REMOTE_SPAN)
-        }
         "ib_send_bw" => Some(BUG_SEND_BW_LAYOUT),
         "ib_read_lat" | "ib_send_lat" => Some(BUG_LAT_LAYOUT),
         "ib_write_lat" => Some(BUG_WRITE_LAT),
@@ -663,45 +655,13 @@ fn known_bug(case: &Case) -> Option<&'static str> {
     }
 }
 
-/// ferroce bench spreads a requester's operations over `max(2 × size, 8192)` bytes from the
-/// peer's advertised address; perftest only guarantees `max(size, 4096)` there.
-fn remote_overrun(case: &Case) -> bool {
-    let arg = |flag: &str| -> Option<u64> {
-        let w: Vec<&str> = case.ferroce_args.split_whitespace().collect();
-        w.iter()
-            .position(|x| *x == flag)
-            .and_then(|i| w.get(i + 1))
-            .and_then(|v| v.parse().ok())
-    };
-    let size = if case.tool == "ib_atomic_bw" {
-        8
-    } else {
-        arg("-s").unwrap_or(65536)
-    };
-    let iters = arg("-n").unwrap_or(5000);
-    let per_qp = (2 * size).max(8192);
-    let slots = (per_qp / size).max(1);
-    let span = iters.min(slots) * size;
-    span > size.max(4096)
-}
-
-const BUG_SRQ_CHK: &str = "known ferroce bug: `ferroce pingpong --srq -c` as the client sends \
-    a buffer of 0x7b only: srq mode (verbs-api/src/bin/ferroce/pingpong.rs, `mr.write(0, &vec![0x7b; \
-    size])` in the SRQ path) skips the --chk page pattern (byte 0 of every page = 0) that the \
-    RC/UC/UD path applies, so ibv_srq_pingpong -c prints `invalid data in page 0` (the client's \
-    first message seeds the shared buffer both sides echo)";
 const BUG_UDP_IPV4_ICRC: &str = "known ferroce bug: over IPv4 the UDP backend computes the ICRC \
     of what it sends over an IPv4 header with Identification 0, but the kernel put a non-zero IP \
     ID on the wire (seen: 0x5de0, DF set, sport 4791: the wire ICRC matches only ID 0), so rxe \
     drops every frame as a bad ICRC; and on receive it cannot see the IP ID rxe sets, so it drops \
-    rxe's frames (the top README lists this receive side as a limitation; \
-    nic-drivers/src/udp.rs's module doc wrongly says the ICRC masks the ID). IPv6 is unaffected \
+    rxe's frames (a limit of a UDP socket, documented in the top README and \
+    nic-drivers/src/udp.rs). IPv6 is unaffected \
     but the tools give the UDP backend no IPv6 GID";
-const BUG_REMOTE_SPAN: &str = "known ferroce bug: `ferroce bench` (client) spreads WRITE/READ/\
-    atomic targets over max(2×size, 8192) B from the peer's vaddr (verbs-api/src/bin/ferroce/\
-    bench.rs, RemoteBuf len = per_qp), but perftest advertises vaddr = buf + (num_qps+i)×\
-    max(size, cycle_buffer): only max(size, 4096) B are there, so rxe NAKs the first op past it \
-    with REMOTE ACCESS ERROR (AETH syndrome 0x62)";
 const BUG_SEND_BW_LAYOUT: &str = "known ferroce bug: ib_send_bw's exchange differs from \
     write/read_bw: one more QP-0 ctx_hand_shake after the receives are posted (before traffic) \
     and no BW-report exchange at the end (only with -b); ferroce (exchange/perftest.rs + \
