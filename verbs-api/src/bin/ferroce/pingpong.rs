@@ -85,6 +85,37 @@ fn page_pattern(buf: &mut [u8]) {
     }
 }
 
+/// A failed completion ends the run, as in the stock tools.
+fn check_status(wc: &ferroce_verbs::WorkCompletion) -> Result<(), String> {
+    if wc.status == WcStatus::Success {
+        return Ok(());
+    }
+    Err(format!(
+        "Failed status {} ({}) for wr_id {}",
+        ferroce_verbs::wc::status_str(wc.status),
+        wc.status as u32,
+        wc.wr_id
+    ))
+}
+
+/// The stock tools' two result lines (bytes both ways, time per iteration).
+fn print_results(size: u32, iters: u64, start: Instant) {
+    let usec = start.elapsed().as_secs_f64() * 1e6;
+    let bytes = u64::from(size) * iters * 2;
+    println!(
+        "{} bytes in {:.2} seconds = {:.2} Mbit/sec",
+        bytes,
+        usec / 1e6,
+        bytes as f64 * 8.0 / usec
+    );
+    println!(
+        "{} iters in {:.2} seconds = {:.2} usec/iter",
+        iters,
+        usec / 1e6,
+        usec / iters as f64
+    );
+}
+
 pub fn run(a: Args) -> i32 {
     match run_inner(a) {
         Ok(code) => code,
@@ -279,14 +310,7 @@ fn run_inner(a: Args) -> Result<i32, String> {
         }
         last = Instant::now();
         for wc in &wcs {
-            if wc.status != WcStatus::Success {
-                return Err(format!(
-                    "Failed status {} ({}) for wr_id {}",
-                    ferroce_verbs::wc::status_str(wc.status),
-                    wc.status as u32,
-                    wc.wr_id
-                ));
-            }
+            check_status(wc)?;
             match wc.wr_id {
                 SEND_WRID => scnt += 1,
                 RECV_WRID => {
@@ -308,20 +332,7 @@ fn run_inner(a: Args) -> Result<i32, String> {
             }
         }
     }
-    let usec = start.elapsed().as_secs_f64() * 1e6;
-    let bytes = u64::from(a.size) * a.iters * 2;
-    println!(
-        "{} bytes in {:.2} seconds = {:.2} Mbit/sec",
-        bytes,
-        usec / 1e6,
-        bytes as f64 * 8.0 / usec
-    );
-    println!(
-        "{} iters in {:.2} seconds = {:.2} usec/iter",
-        a.iters,
-        usec / 1e6,
-        usec / a.iters as f64
-    );
+    print_results(a.size, a.iters, start);
     if a.chk {
         let data = mr.to_vec().map_err(|e| e.to_string())?;
         let mut bad = 0;
@@ -503,14 +514,7 @@ fn run_srq(a: Args) -> Result<i32, String> {
         }
         last = Instant::now();
         for wc in &wcs {
-            if wc.status != WcStatus::Success {
-                return Err(format!(
-                    "Failed status {} ({}) for wr_id {}",
-                    ferroce_verbs::wc::status_str(wc.status),
-                    wc.status as u32,
-                    wc.wr_id
-                ));
-            }
+            check_status(wc)?;
             let Some(qi) = qps.iter().position(|(q, _)| q.qpn() == wc.qp_num) else {
                 return Err(format!("Couldn't find QPN {:06x}", wc.qp_num));
             };
@@ -535,19 +539,6 @@ fn run_srq(a: Args) -> Result<i32, String> {
             }
         }
     }
-    let usec = start.elapsed().as_secs_f64() * 1e6;
-    let bytes = u64::from(a.size) * a.iters * 2;
-    println!(
-        "{} bytes in {:.2} seconds = {:.2} Mbit/sec",
-        bytes,
-        usec / 1e6,
-        bytes as f64 * 8.0 / usec
-    );
-    println!(
-        "{} iters in {:.2} seconds = {:.2} usec/iter",
-        a.iters,
-        usec / 1e6,
-        usec / a.iters as f64
-    );
+    print_results(a.size, a.iters, start);
     Ok(0)
 }
