@@ -57,7 +57,9 @@ impl Default for Config {
             max_inline_data: 256,
             max_unacked_psns: 128,
             max_msg_size: 1 << 31,
-            port_mtu: 4096,
+            // rxe's active MTU on a 1500-byte Ethernet link; the verbs
+            // layer sets the interface's own.
+            port_mtu: 1024,
         }
     }
 }
