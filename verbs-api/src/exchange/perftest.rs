@@ -77,6 +77,12 @@ pub struct PerftestParams {
     pub layout: HandshakeLayout,
     /// `--report-per-port`: four more values in the BW report exchange.
     pub report_per_port: bool,
+    /// QP-0 key exchanges before the first per-QP pass: 1 for ib_read_lat
+    /// and ib_send_lat (seen on the wire between two perftest 4.5 peers).
+    pub extra_rounds_before: u8,
+    /// QP-0 key exchanges after the post-RTR hand-shake, before traffic:
+    /// 1 for ib_send_bw (same source).
+    pub extra_rounds_after: u8,
 }
 
 impl Default for PerftestParams {
@@ -90,6 +96,8 @@ impl Default for PerftestParams {
             key_format: KeyFormat::Gid,
             layout: HandshakeLayout::TwoPass,
             report_per_port: false,
+            extra_rounds_before: 0,
+            extra_rounds_after: 0,
         }
     }
 }
@@ -501,6 +509,9 @@ where
             KeyFormat::Lid => drop(d.to_wire_lid()?),
         }
     }
+    for _ in 0..params.extra_rounds_before {
+        conn.hand_shake(&my_dests[0])?;
+    }
     let mut remote_dests = conn.exchange_dests(&my_dests)?;
     if params.key_format == KeyFormat::Gid
         && gid_is_v4mapped(&my_dests[0].gid) != gid_is_v4mapped(&remote_dests[0].gid)
@@ -520,6 +531,9 @@ where
     // The extra hand-shake after RTR: neither side starts sending before
     // the other's QPs are ready.
     conn.hand_shake(&my_dests[0])?;
+    for _ in 0..params.extra_rounds_after {
+        conn.hand_shake(&my_dests[0])?;
+    }
     Ok(PerftestSession {
         conn,
         negotiated,
