@@ -434,3 +434,94 @@ pub fn op_lat(
         lat_us: lat,
     })
 }
+
+/// WRITE latency as perftest's `ib_write_lat` runs it: a ping-pong of RDMA
+/// WRITEs. Each side writes `size` bytes into the peer's receive area whose
+/// last byte carries the iteration number, and waits until the peer's write
+/// has put that number into the last byte of its own receive area
+/// (`recv_offset` in `mr`). The client writes first. Samples are half the
+/// round trip.
+pub fn write_lat(
+    qp: &QueuePair<'_>,
+    cq: &CompletionQueue,
+    mr: &MemoryRegion<'_>,
+    remote: &RemoteBuf,
+    p: &PerfParams,
+    client: bool,
+    recv_offset: u64,
+) -> Result<PerfResult> {
+    let size = p.size.max(1);
+    let post_at = u64::from(size) - 1;
+    let poll_at = recv_offset + u64::from(size) - 1;
+    let sge = [mr.sge(0, size)];
+    let mut lat = Vec::with_capacity(p.iters as usize);
+    let mut wcs = Vec::with_capacity(4);
+    let start = Instant::now();
+    let wait_for_peer = |n: u64| -> Result<()> {
+        let want = n as u8;
+        let deadline = Instant::now() + p.timeout;
+        let mut b = [0u8; 1];
+        loop {
+            mr.read(poll_at, &mut b)?;
+            if b[0] == want {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout(p.timeout, "the peer's WRITE"));
+            }
+            // Let this thread take frames itself when the device is free.
+            cq.poll(0, &mut Vec::new())?;
+            std::hint::spin_loop();
+        }
+    };
+    let mut sends_done = 0u64;
+    for i in 1..=p.iters {
+        let t = Instant::now();
+        if !client || i > 1 {
+            wait_for_peer(if client { i - 1 } else { i })?;
+        }
+        mr.write(post_at, &[i as u8])?;
+        let mut wr = SendWr::new(
+            i,
+            SendOp::RdmaWrite {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+            },
+            &sge,
+        );
+        wr.flags.signaled = true;
+        qp.post_send(&[wr])?;
+        // Reap send completions as they come; the CQ must not fill up.
+        wcs.clear();
+        cq.poll(4, &mut wcs)?;
+        for wc in &wcs {
+            check_wc(wc)?;
+            sends_done += 1;
+        }
+        // The client's first iteration only starts the ping-pong.
+        if !client || i > 1 {
+            lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+        }
+    }
+    if client {
+        wait_for_peer(p.iters)?;
+    }
+    while sends_done < p.iters {
+        wcs.clear();
+        let n = cq.poll(4, &mut wcs)?;
+        for wc in &wcs {
+            check_wc(wc)?;
+        }
+        sends_done += n as u64;
+        if n == 0 {
+            cq.wait(p.timeout)?;
+        }
+    }
+    Ok(PerfResult {
+        op: PerfOp::Write,
+        size,
+        iters: p.iters,
+        elapsed: start.elapsed(),
+        lat_us: lat,
+    })
+}

@@ -215,6 +215,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         max_dest_rd_atomic: 16,
         ..Default::default()
     };
+    let write_lat = a.lat && a.test == Test::Write;
     let mut ends = Vec::new();
     for _ in 0..a.qps {
         let cq = ctx
@@ -238,7 +239,9 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             qpn: e.qp.qpn(),
             psn: (ferroce_verbs::device::seed_from_os() as u32 ^ (i as u32 * 0x1357)) & 0x00ff_ffff,
             rkey: mr.rkey(),
-            vaddr: mr.addr() + i as u64 * per_qp,
+            // WRITE latency is a ping-pong into each other's receive half
+            // (ib_write_lat advertises that half); the rest use the start.
+            vaddr: mr.addr() + i as u64 * per_qp + if write_lat { per_qp / 2 } else { 0 },
             gid: gid.octets(),
             srqn: 0,
         })
@@ -346,7 +349,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         let result = if client {
             run_client(a, &ends, &mr, &remotes, per_qp, &p)?
         } else {
-            run_server(a, &ends, &mr, per_qp, &p)?
+            run_server(a, &ends, &mr, &remotes, per_qp, &p)?
         };
         let Some((res, check)) = result else { continue };
         let ok = match check {
@@ -451,6 +454,7 @@ fn run_client(
     if a.lat {
         let res = match p.op {
             PerfOp::Send => perf::send_lat(&e0.qp, &e0.cq, mr, p, true),
+            PerfOp::Write => perf::write_lat(&e0.qp, &e0.cq, mr, &remotes[0], p, true, per_qp / 2),
             _ => perf::op_lat(&e0.qp, &e0.cq, mr, &remotes[0], p),
         }
         .map_err(|e| e.to_string())?;
@@ -555,11 +559,20 @@ fn run_server(
     a: &Args,
     ends: &[End<'_>],
     mr: &MemoryRegion<'_>,
+    remotes: &[RemoteBuf],
     per_qp: u64,
     p: &PerfParams,
 ) -> Result<Option<(PerfResult, Check)>, String> {
     let e0 = &ends[0];
     match (p.op, a.lat) {
+        (PerfOp::Write, true) => {
+            let res = perf::write_lat(&e0.qp, &e0.cq, mr, &remotes[0], p, false, per_qp / 2)
+                .map_err(|e| e.to_string())?;
+            Ok(Some((
+                res,
+                Check::Skipped("latency tests move no checkable data"),
+            )))
+        }
         (PerfOp::Send, true) => {
             let res = perf::send_lat(&e0.qp, &e0.cq, mr, p, false).map_err(|e| e.to_string())?;
             Ok(Some((
