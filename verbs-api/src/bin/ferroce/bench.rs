@@ -187,11 +187,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         // The receiver must know how many receives to post.
         return Err("send bandwidth needs -n (a duration run is not supported)".into());
     }
-    let mut ctx_cfg_dev = a.ib_dev.clone();
-    if ctx_cfg_dev.is_none() {
-        ctx_cfg_dev = Some(common::default_interface()?);
-    }
-    let ctx = open(a, ctx_cfg_dev.as_deref())?;
+    let ctx = open(a)?;
     let port = ctx.query_port();
     let mtu = a.mtu.unwrap_or(port.active_mtu).min(port.active_mtu);
     let sizes = a.sizes();
@@ -399,7 +395,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     Ok(all_ok)
 }
 
-fn open(a: &Args, dev: Option<&str>) -> Result<Context, String> {
+fn open(a: &Args) -> Result<Context, String> {
     // A passive server (WRITE/READ/atomic) never polls its CQ, so only an
     // engine thread can answer for it; busy polling applies to the side that
     // loops on its CQ.
@@ -409,30 +405,7 @@ fn open(a: &Args, dev: Option<&str>) -> Result<Context, String> {
     } else {
         EngineMode::Thread
     };
-    if a.pcap.is_none() {
-        return common::open_device(dev, a.backend, mode);
-    }
-    let ifname = dev.map(|d| d.strip_prefix("ferroce_").unwrap_or(d).to_string());
-    let ifname = match ifname {
-        Some(i) => i,
-        None => common::default_interface()?,
-    };
-    let iface = ferroce_verbs::device::interface(&ifname).map_err(|e| e.to_string())?;
-    let mut cfg = ferroce_verbs::DeviceConfig::new(&ifname, a.backend);
-    cfg.udp_bind = iface
-        .addrs
-        .iter()
-        .find(|x| x.ip.is_ipv4())
-        .map(|x| std::net::SocketAddr::new(x.ip, ferroce_nic::ROCE_V2_PORT));
-    cfg.pcap = a.pcap.clone();
-    Context::open(
-        &cfg,
-        ferroce_verbs::OpenOptions {
-            mode,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| e.to_string())
+    common::open_device(a.ib_dev.as_deref(), a.backend, mode, a.pcap.as_deref())
 }
 
 enum Check {

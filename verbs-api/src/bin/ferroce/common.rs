@@ -1,29 +1,26 @@
 //! What the tools share: picking and opening a device from `-d` / `--backend`.
 
-use std::net::SocketAddr;
+use std::path::Path;
 
-use ferroce_verbs::device::{interface, interfaces};
+use ferroce_verbs::device::interfaces;
 use ferroce_verbs::{Backend, Context, DeviceConfig, EngineMode, OpenOptions};
 
 /// Open `dev` (an interface name, or `ferroce_<ifname>` as `devices` prints
 /// it), or the first usable interface, as ibverbs tools take the first device.
+/// The UDP backend binds the interface's first IPv4 address (device::open_io's
+/// default); `pcap` records every frame.
 pub fn open_device(
     dev: Option<&str>,
     backend: Backend,
     mode: EngineMode,
+    pcap: Option<&Path>,
 ) -> Result<Context, String> {
     let ifname = match dev {
         Some(d) => d.strip_prefix("ferroce_").unwrap_or(d).to_string(),
         None => default_interface()?,
     };
-    let iface = interface(&ifname).map_err(|e| e.to_string())?;
     let mut cfg = DeviceConfig::new(&ifname, backend);
-    // The UDP backend binds the interface's IPv4 address (loopback: 127.0.0.1).
-    cfg.udp_bind = iface
-        .addrs
-        .iter()
-        .find(|a| a.ip.is_ipv4())
-        .map(|a| SocketAddr::new(a.ip, ferroce_nic::ROCE_V2_PORT));
+    cfg.pcap = pcap.map(Path::to_path_buf);
     Context::open(
         &cfg,
         OpenOptions {

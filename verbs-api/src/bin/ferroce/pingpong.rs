@@ -151,7 +151,7 @@ fn run_inner(a: Args) -> Result<i32, String> {
     } else {
         EngineMode::Thread
     };
-    let ctx: Context = common::open_device(a.ib_dev.as_deref(), a.backend, mode)?;
+    let ctx: Context = common::open_device(a.ib_dev.as_deref(), a.backend, mode, None)?;
     let mtu = if qp_type == QpType::Ud {
         ctx.query_port().active_mtu
     } else {
@@ -367,7 +367,7 @@ fn run_srq(a: Args) -> Result<i32, String> {
     } else {
         EngineMode::Thread
     };
-    let ctx: Context = common::open_device(a.ib_dev.as_deref(), a.backend, mode)?;
+    let ctx: Context = common::open_device(a.ib_dev.as_deref(), a.backend, mode, None)?;
     let pd = ctx.alloc_pd();
     let mr = pd
         .reg_mr(a.size as usize, AccessFlags::LOCAL_WRITE)
