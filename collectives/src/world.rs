@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use ferroce_verbs::{Backend, Context, DeviceConfig, OpenOptions};
+use ferroce_verbs::{Backend, Context, DeviceConfig, EngineMode, OpenOptions};
 
 use crate::bootstrap::{Bootstrap, Rendezvous};
 use crate::communicator::Communicator;
@@ -41,13 +41,69 @@ impl Fabric {
     }
 }
 
+/// How each rank's device is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceOptions {
+    /// Packet backend on the namespace fabric (mem and udp fix their own).
+    pub backend: Backend,
+    /// Who runs the device's engine.
+    pub mode: EngineMode,
+}
+
+impl Default for DeviceOptions {
+    /// UDP on namespaces (the fastest path on veth here, see README), engine
+    /// driven by the rank's own thread (no hand-off per completion).
+    fn default() -> Self {
+        DeviceOptions {
+            backend: Backend::Udp,
+            mode: EngineMode::Polling,
+        }
+    }
+}
+
+impl DeviceOptions {
+    /// Defaults, overridden by `FERROCE_BACKEND` (afxdp, afpacket, udp,
+    /// auto) and `FERROCE_ENGINE` (thread, poll).
+    pub fn from_env() -> Result<DeviceOptions> {
+        let mut d = DeviceOptions::default();
+        if let Ok(v) = std::env::var("FERROCE_BACKEND") {
+            d.backend = v.parse().map_err(Error::Invalid)?;
+        }
+        if let Ok(v) = std::env::var("FERROCE_ENGINE") {
+            d.mode = parse_mode(&v)?;
+        }
+        Ok(d)
+    }
+}
+
+/// `thread` or `poll`.
+pub fn parse_mode(s: &str) -> Result<EngineMode> {
+    match s {
+        "thread" => Ok(EngineMode::Thread),
+        "poll" | "polling" => Ok(EngineMode::Polling),
+        o => Err(Error::Invalid(format!("engine mode {o:?} (thread, poll)"))),
+    }
+}
+
 static NEXT_NET: AtomicU32 = AtomicU32::new(0);
 
-/// Run `body` on `n` ranks over `fabric`; results by rank.
+/// Run `body` on `n` ranks over `fabric` with devices opened as
+/// [`DeviceOptions::from_env`] says; results by rank.
 pub fn run<R: Send>(
     fabric: Fabric,
     n: usize,
     cfg: RdmaConfig,
+    body: impl Fn(&Communicator<'_>) -> Result<R> + Sync,
+) -> Result<Vec<Result<R>>> {
+    run_with(fabric, n, cfg, DeviceOptions::from_env()?, body)
+}
+
+/// [`run`] with explicit device options.
+pub fn run_with<R: Send>(
+    fabric: Fabric,
+    n: usize,
+    cfg: RdmaConfig,
+    dev: DeviceOptions,
     body: impl Fn(&Communicator<'_>) -> Result<R> + Sync,
 ) -> Result<Vec<Result<R>>> {
     if n == 0 {
@@ -71,7 +127,7 @@ pub fn run<R: Send>(
                 .collect()
         }));
     }
-    let ctxs = open_devices(fabric, n)?;
+    let ctxs = open_devices(fabric, n, dev)?;
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::RendezvousIo {
         what: "binding the test rendezvous".into(),
         source: e,
@@ -116,11 +172,51 @@ pub fn run<R: Send>(
     }))
 }
 
+/// One rank of a job launched from outside (mpirun, torchrun, srun, or
+/// by hand): rank and size from the environment ([`Bootstrap::from_env`]),
+/// the device on `FERROCE_IFACE` or else the first interface that is up,
+/// not loopback, and has an IPv4 address, in this process's namespace.
+pub fn run_env<R>(
+    cfg: RdmaConfig,
+    dev: DeviceOptions,
+    body: impl FnOnce(&Communicator<'_>) -> Result<R>,
+) -> Result<R> {
+    let b = Bootstrap::from_env()?.with_timeout(cfg.timeout);
+    let ifname = match std::env::var("FERROCE_IFACE") {
+        Ok(i) if !i.is_empty() => i,
+        _ => ferroce_verbs::device::interfaces()?
+            .into_iter()
+            .find(|i| i.up && i.name != "lo" && i.addrs.iter().any(|a| a.ip.is_ipv4()))
+            .map(|i| i.name)
+            .ok_or_else(|| {
+                Error::Env("no interface with an IPv4 address (set FERROCE_IFACE)".into())
+            })?,
+    };
+    let mut dc = DeviceConfig::new(&ifname, dev.backend);
+    dc.seed ^= b.rank as u64;
+    let ctx = Context::open(
+        &dc,
+        OpenOptions {
+            mode: dev.mode,
+            ..OpenOptions::default()
+        },
+    )?;
+    let mut rv = Rendezvous::connect(&b)?;
+    let ep = RdmaEndpoint::new(ctx);
+    let t = ep.connect(&mut rv, &cfg)?;
+    drop(rv);
+    let comm = Communicator::new(t)?;
+    body(&comm)
+}
+
 type Devices = (Vec<Context>, Option<ferroce_nic::netns::Topology>);
 
 /// One device per rank on `fabric` (and the namespaces, kept alive by the caller).
-pub fn open_devices(fabric: Fabric, n: usize) -> Result<Devices> {
-    let opts = OpenOptions::default();
+pub fn open_devices(fabric: Fabric, n: usize, dev: DeviceOptions) -> Result<Devices> {
+    let opts = OpenOptions {
+        mode: dev.mode,
+        ..OpenOptions::default()
+    };
     let id = NEXT_NET.fetch_add(1, Ordering::Relaxed);
     match fabric {
         Fabric::Local => Err(Error::Invalid("the local fabric has no devices".into())),
@@ -171,7 +267,7 @@ pub fn open_devices(fabric: Fabric, n: usize) -> Result<Devices> {
             .map_err(ferroce_verbs::Error::from)?;
             let mut v = Vec::with_capacity(n);
             for i in 0..n {
-                let mut cfg = DeviceConfig::new(&topo.host(i).ifname, Backend::Auto);
+                let mut cfg = DeviceConfig::new(&topo.host(i).ifname, dev.backend);
                 cfg.netns = Some(topo.host(i).ns.clone());
                 cfg.seed = u64::from(id) * 1000 + i as u64;
                 let ctx = topo

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use clap::Parser;
-use ferroce_collectives::world::{run, Fabric};
+use ferroce_collectives::world::{parse_mode, run_env, run_with, DeviceOptions, Fabric};
 use ferroce_collectives::{
     communicator::parse_allreduce, with_dtype, Algorithms, Communicator, DType, Element, Error,
     RdmaConfig, ReduceOp, Result,
@@ -43,12 +43,28 @@ struct Args {
     /// Timed iterations per size.
     #[arg(short = 'i', long, default_value_t = 10)]
     iters: usize,
-    /// mem (no root), udp (loopback, no root), netns (root), local (no network).
+    /// mem (no root), udp (loopback, no root), netns (root), local (no
+    /// network): ranks as threads of this process. env: this process is one
+    /// rank of a job launched by mpirun/torchrun/srun (rank, size and
+    /// MASTER_ADDR from the environment; device on FERROCE_IFACE or the
+    /// first interface up with IPv4); only rank 0 prints.
     #[arg(long, default_value = "mem")]
     fabric: String,
     /// Allreduce algorithm: auto, ring, rd.
     #[arg(long, default_value = "auto")]
     algo: String,
+    /// Packet backend on netns: udp, afxdp, afpacket, auto (default: FERROCE_BACKEND or udp).
+    #[arg(long)]
+    backend: Option<String>,
+    /// Engine: poll (the rank's thread drives its device) or thread (default: FERROCE_ENGINE or poll).
+    #[arg(long)]
+    engine: Option<String>,
+    /// Bytes per RDMA WRITE chunk of the transport.
+    #[arg(long, default_value = "64K")]
+    chunk: String,
+    /// Receive slots (credit window) per peer.
+    #[arg(long, default_value_t = 8)]
+    slots: usize,
     /// Root of broadcast/reduce.
     #[arg(short = 'r', long, default_value_t = 0)]
     root: usize,
@@ -273,6 +289,29 @@ fn bench<T: Element>(c: &Communicator<'_>, case: &Case, sizes: &[usize], a: &Arg
     Ok(())
 }
 
+fn header(a: &Args, ranks: usize, dev: DeviceOptions, dt: DType, redop: ReduceOp) {
+    println!(
+        "# ferroce-coll-bench {}: {ranks} ranks on {}, dtype {}, redop {}, algo {}, {} warm-up + {} iterations",
+        a.op, a.fabric, dt.name(), redop.name(), a.algo, a.warmup, a.iters
+    );
+    println!(
+        "# backend {}, engine {:?}, chunk {}, slots {}",
+        dev.backend.name(),
+        dev.mode,
+        a.chunk,
+        a.slots
+    );
+    println!("#");
+    println!(
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}",
+        "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong"
+    );
+    println!(
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}",
+        "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", ""
+    );
+}
+
 fn main() {
     let a = Args::parse();
     if let Err(e) = real_main(&a) {
@@ -287,8 +326,10 @@ fn real_main(a: &Args) -> Result<()> {
         .ok_or_else(|| Error::Invalid(format!("unknown dtype {:?}", a.dtype)))?;
     let redop = ReduceOp::parse(&a.redop)
         .ok_or_else(|| Error::Invalid(format!("unknown op {:?}", a.redop)))?;
-    let fabric = Fabric::parse(&a.fabric)
-        .ok_or_else(|| Error::Invalid(format!("unknown fabric {:?}", a.fabric)))?;
+    let fabric = match a.fabric.as_str() {
+        "env" => Fabric::Local,
+        f => Fabric::parse(f).ok_or_else(|| Error::Invalid(format!("unknown fabric {f:?}")))?,
+    };
     let algo = parse_allreduce(&a.algo)?;
     let (lo, hi) = (parse_size(&a.minbytes)?, parse_size(&a.maxbytes)?);
     let mut sizes = Vec::new();
@@ -302,25 +343,33 @@ fn real_main(a: &Args) -> Result<()> {
         redop,
         root: a.root % a.ranks.max(1),
     };
-    println!("# ferroce-coll-bench {}: {} ranks on {}, dtype {}, redop {}, algo {}, {} warm-up + {} iterations",
-        a.op, a.ranks, a.fabric, dt.name(), redop.name(), a.algo, a.warmup, a.iters);
-    println!("#");
-    println!(
-        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}",
-        "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong"
-    );
-    println!(
-        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}",
-        "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", ""
-    );
-    let res = run(fabric, a.ranks, RdmaConfig::default(), |c| {
+    let mut dev = DeviceOptions::from_env()?;
+    if let Some(b) = &a.backend {
+        dev.backend = b.parse().map_err(Error::Invalid)?;
+    }
+    if let Some(m) = &a.engine {
+        dev.mode = parse_mode(m)?;
+    }
+    let rcfg = RdmaConfig {
+        chunk: parse_size(&a.chunk)?,
+        slots: a.slots,
+        ..RdmaConfig::default()
+    };
+    let body = |c: &Communicator<'_>| -> Result<()> {
+        if c.rank() == 0 {
+            header(a, c.size(), dev, dt, redop);
+        }
         let mut c = c.split(0, 0)?;
         c.set_algorithms(Algorithms {
             allreduce: algo,
             ..Algorithms::from_env()?
         });
         with_dtype!(dt, T => bench::<T>(&c, &case, &sizes, a))
-    })?;
+    };
+    if a.fabric == "env" {
+        return run_env(rcfg, dev, body);
+    }
+    let res = run_with(fabric, a.ranks, rcfg, dev, body)?;
     for (r, x) in res.into_iter().enumerate() {
         x.map_err(|e| Error::Invalid(format!("rank {r}: {e}")))?;
     }

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# ferroce-collectives allreduce vs Open MPI's MPI_Allreduce over TCP, one run:
+# 4 ranks in 4 network namespaces on a bridge (MTU 9000, 198.18.0.0/24),
+# both launched by the same mpirun on the same namespaces, interleaved per
+# round. Prints both tables and the ratios. Needs root, openmpi-bin and
+# libopenmpi-dev (.ci/install-deps.sh).
+#
+#   scripts/coll-vs-mpi.sh [-b 8] [-e 64M] [-f 4] [-i 10] [-w 2] [-r 1] [-- extra coll-bench args]
+#
+# Environment: CARGO_TARGET_DIR (where the release build goes), FERROCE_BACKEND,
+# FERROCE_ENGINE (passed through to the ferroce ranks).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+B=8 E=64M F=4 I=10 W=2 R=1 N=4
+while getopts "b:e:f:i:w:r:" o; do
+    case $o in
+    b) B=$OPTARG ;; e) E=$OPTARG ;; f) F=$OPTARG ;; i) I=$OPTARG ;; w) W=$OPTARG ;; r) R=$OPTARG ;;
+    *) exit 2 ;;
+    esac
+done
+shift $((OPTIND - 1))
+[ "${1:-}" = "--" ] && shift
+[ "$(id -u)" = 0 ] || { echo "coll-vs-mpi: needs root (network namespaces)" >&2; exit 1; }
+command -v mpirun >/dev/null && command -v mpicc >/dev/null ||
+    { echo "coll-vs-mpi: needs openmpi-bin and libopenmpi-dev (.ci/install-deps.sh)" >&2; exit 1; }
+bytes() { numfmt --from=iec "$1"; }
+Bb=$(bytes "$B") Eb=$(bytes "$E")
+
+work=$(mktemp -d /tmp/coll-vs-mpi.XXXXXX)
+tag="fcvm$$"
+cleanup() {
+    for i in $(seq 0 $((N - 1))); do ip netns del "$tag-h$i" 2>/dev/null || true; done
+    ip netns del "$tag-br" 2>/dev/null || true
+    ip link del "$tag" 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+
+echo "# building (release) ..." >&2
+(cd "$repo" && cargo build -q --release -p ferroce-collectives --bin ferroce-coll-bench)
+bench="${CARGO_TARGET_DIR:-$repo/target}/release/ferroce-coll-bench"
+mpicc -O2 -o "$work/mpi-allreduce" "$here/mpi-allreduce.c"
+
+# The topology of ferroce_nic::netns (bridge in its own namespace).
+ip netns add "$tag-br"
+ip -n "$tag-br" link add br0 mtu 9000 type bridge
+ip -n "$tag-br" link set br0 up
+for i in $(seq 0 $((N - 1))); do
+    ns="$tag-h$i"
+    ip netns add "$ns"
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link add name veth0 mtu 9000 type veth peer name "p$i" netns "$tag-br" mtu 9000
+    ip -n "$ns" link set veth0 address "02:fe:00:00:00:0$((i + 1))"
+    ip -n "$ns" addr add "198.18.0.$((i + 1))/24" dev veth0
+    ip -n "$ns" link set veth0 up
+    ip -n "$tag-br" link set "p$i" master br0
+    ip -n "$tag-br" link set "p$i" up
+done
+for i in $(seq 0 $((N - 1))); do
+    for j in $(seq 0 $((N - 1))); do
+        [ "$i" = "$j" ] || ip -n "$tag-h$i" neigh replace "198.18.0.$((j + 1))" \
+            lladdr "02:fe:00:00:00:0$((j + 1))" dev veth0 nud permanent
+    done
+done
+
+# mpirun forks every rank on this host; the wrapper moves each into its
+# namespace by rank before exec. The ranks reach mpirun's PMIx server over
+# TCP, which listens on loopback by default: a leg from this namespace into
+# the bridge (198.18.0.254) carries that control traffic instead.
+ip link add name "$tag" mtu 9000 type veth peer name phost netns "$tag-br" mtu 9000
+ip addr add 198.18.0.254/24 dev "$tag"
+ip link set "$tag" up
+ip -n "$tag-br" link set phost master br0
+ip -n "$tag-br" link set phost up
+cat >"$work/in-ns.sh" <<WRAP
+#!/bin/sh
+exec ip netns exec "$tag-h\$OMPI_COMM_WORLD_RANK" "\$@"
+WRAP
+chmod +x "$work/in-ns.sh"
+export PMIX_MCA_ptl_tcp_remote_connections=1 PMIX_MCA_ptl_tcp_if_include="$tag"
+mpi=(mpirun --allow-run-as-root --oversubscribe -np "$N" --bind-to none
+    --mca btl tcp,self --mca btl_tcp_if_include veth0 --mca oob_tcp_if_include $tag
+    -x MASTER_ADDR=198.18.0.1 -x MASTER_PORT=29517)
+[ -n "${FERROCE_BACKEND:-}" ] && mpi+=(-x FERROCE_BACKEND)
+[ -n "${FERROCE_ENGINE:-}" ] && mpi+=(-x FERROCE_ENGINE)
+
+for round in $(seq 1 "$R"); do
+    timeout 600 "${mpi[@]}" "$work/in-ns.sh" "$work/mpi-allreduce" "$Bb" "$Eb" "$F" "$W" "$I" \
+        >"$work/mpi.$round"
+    timeout 600 "${mpi[@]}" "$work/in-ns.sh" "$bench" allreduce --fabric env -b "$Bb" -e "$Eb" \
+        -f "$F" -w "$W" -i "$I" "$@" >"$work/ferroce.$round"
+done
+
+echo "## Open MPI $(mpirun --version | head -1 | awk '{print $NF}') MPI_Allreduce, btl tcp (round 1)"
+cat "$work/mpi.1"
+echo
+echo "## ferroce-coll-bench allreduce, one process per rank under the same mpirun (round 1)"
+cat "$work/ferroce.1"
+echo
+# Best (lowest) time per size over the rounds, for both.
+best() { awk '!/^#/ && NF { t = $(NF-3); if (!($1 in m) || t < m[$1]) m[$1] = t } END { for (s in m) print s, m[s] }' "$@" | sort -n; }
+best "$work"/mpi.* >"$work/mpi.best"
+best "$work"/ferroce.* >"$work/ferroce.best"
+echo "## ratios (best of $R rounds; time ratio = Open MPI / ferroce, so > 1 means ferroce is faster)"
+printf "# %10s  %12s  %12s  %10s  %10s  %7s\n" size "ompi(us)" "ferroce(us)" "ompi busbw" "frc busbw" ratio
+join "$work/mpi.best" "$work/ferroce.best" | awk -v n="$N" '{
+    bus = 2 * (n - 1) / n; ob = $1 / $2 / 1e3 * bus; fb = $1 / $3 / 1e3 * bus;
+    printf "%12d  %12.1f  %12.1f  %10.3f  %10.3f  %7.2f\n", $1, $2, $3, ob, fb, $2 / $3 }'
