@@ -85,25 +85,43 @@ mpi=(mpirun --allow-run-as-root --oversubscribe -np "$N" --bind-to none
 [ -n "${FERROCE_BACKEND:-}" ] && mpi+=(-x FERROCE_BACKEND)
 [ -n "${FERROCE_ENGINE:-}" ] && mpi+=(-x FERROCE_ENGINE)
 
+# CPU time of each whole run (all ranks and mpirun), when perf is there:
+# on a shared machine it says more than wall time about the cost per byte.
+cpu() {
+    local out=$1
+    shift
+    if command -v perf >/dev/null; then
+        perf stat -x, -e task-clock -o "$out.cpu" -- "$@"
+    else
+        "$@"
+    fi
+}
 for round in $(seq 1 "$R"); do
-    timeout 600 "${mpi[@]}" "$work/in-ns.sh" "$work/mpi-allreduce" "$Bb" "$Eb" "$F" "$W" "$I" \
-        >"$work/mpi.$round"
-    timeout 600 "${mpi[@]}" "$work/in-ns.sh" "$bench" allreduce --fabric env -b "$Bb" -e "$Eb" \
-        -f "$F" -w "$W" -i "$I" "$@" >"$work/ferroce.$round"
+    echo "# round $round/$R: Open MPI ..." >&2
+    cpu "$work/mpi.$round" timeout 600 "${mpi[@]}" "$work/in-ns.sh" "$work/mpi-allreduce" \
+        "$Bb" "$Eb" "$F" "$W" "$I" >"$work/mpi.$round.txt"
+    echo "# round $round/$R: ferroce ..." >&2
+    cpu "$work/ferroce.$round" timeout 600 "${mpi[@]}" "$work/in-ns.sh" "$bench" allreduce \
+        --fabric env -b "$Bb" -e "$Eb" -f "$F" -w "$W" -i "$I" "$@" \
+        >"$work/ferroce.$round.txt" 2>"$work/ferroce.$round.err" ||
+        { cat "$work/ferroce.$round.err" >&2; exit 1; }
 done
+cpusum() { awk -F, '/task-clock/ { s += $1 } END { if (s) printf "%.2f", s / 1e3; else printf "n/a" }' "$@" 2>/dev/null || echo n/a; }
 
 echo "## Open MPI $(mpirun --version | head -1 | awk '{print $NF}') MPI_Allreduce, btl tcp (round 1)"
-cat "$work/mpi.1"
+cat "$work/mpi.1.txt"
 echo
 echo "## ferroce-coll-bench allreduce, one process per rank under the same mpirun (round 1)"
-cat "$work/ferroce.1"
+cat "$work/ferroce.1.txt"
 echo
 # Best (lowest) time per size over the rounds, for both.
-best() { awk '!/^#/ && NF { t = $(NF-3); if (!($1 in m) || t < m[$1]) m[$1] = t } END { for (s in m) print s, m[s] }' "$@" | sort -n; }
-best "$work"/mpi.* >"$work/mpi.best"
-best "$work"/ferroce.* >"$work/ferroce.best"
+best() { awk '!/^#/ && NF { t = $(NF-3); if (!($1 in m) || t < m[$1]) m[$1] = t } END { for (s in m) print s, m[s] }' "$@" | sort -k1,1; }
+best "$work"/mpi.*.txt >"$work/mpi.best"
+best "$work"/ferroce.*.txt >"$work/ferroce.best"
+echo "## CPU seconds over all $R rounds (every rank, mpirun, start-up): Open MPI $(cpusum "$work"/mpi.*.cpu), ferroce $(cpusum "$work"/ferroce.*.cpu)"
+echo "## load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) (2 vCPUs; other jobs share the machine)"
 echo "## ratios (best of $R rounds; time ratio = Open MPI / ferroce, so > 1 means ferroce is faster)"
 printf "# %10s  %12s  %12s  %10s  %10s  %7s\n" size "ompi(us)" "ferroce(us)" "ompi busbw" "frc busbw" ratio
-join "$work/mpi.best" "$work/ferroce.best" | awk -v n="$N" '{
+join "$work/mpi.best" "$work/ferroce.best" | sort -n | awk -v n="$N" '{
     bus = 2 * (n - 1) / n; ob = $1 / $2 / 1e3 * bus; fb = $1 / $3 / 1e3 * bus;
     printf "%12d  %12.1f  %12.1f  %10.3f  %10.3f  %7.2f\n", $1, $2, $3, ob, fb, $2 / $3 }'

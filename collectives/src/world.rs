@@ -159,7 +159,9 @@ pub fn run_with<R: Send>(
                     let t = ep.connect(&mut rv, &cfg)?;
                     drop(rv);
                     let comm = Communicator::new(t)?;
-                    body(&comm)
+                    let r = body(&comm);
+                    report_stats(rank, &ep);
+                    r
                 })
             })
             .collect();
@@ -206,7 +208,30 @@ pub fn run_env<R>(
     let t = ep.connect(&mut rv, &cfg)?;
     drop(rv);
     let comm = Communicator::new(t)?;
-    body(&comm)
+    let r = body(&comm);
+    report_stats(b.rank, &ep);
+    r
+}
+
+/// With `FERROCE_COLL_STATS` set: the device counters of a rank on stderr
+/// (retransmissions, time-outs and drops say whether a run was clean).
+fn report_stats(rank: usize, ep: &RdmaEndpoint) {
+    if std::env::var_os("FERROCE_COLL_STATS").is_none() {
+        return;
+    }
+    let s = ep.context().stats();
+    eprintln!(
+        "# rank {rank}: {} frames out, {} in, {} retransmits, {} time-outs, {} out of sequence, \
+         {} NAKs sent, drops {:?}; backend {:?}",
+        s.core.tx_packets,
+        s.core.rx_frames,
+        s.core.retransmits,
+        s.core.timeouts,
+        s.core.out_of_sequence,
+        s.core.naks_sent,
+        s.core.drops,
+        s.io
+    );
 }
 
 type Devices = (Vec<Context>, Option<ferroce_nic::netns::Topology>);

@@ -142,106 +142,95 @@ struct Case {
     root: usize,
 }
 
-/// One run of the op; returns the number of wrong elements when `check`.
-fn once<T: Element>(c: &Communicator<'_>, case: &Case, total: usize, check: bool) -> Result<usize> {
+/// The buffers of one size, filled before the timed loop (as nccl-tests
+/// does) so the timing covers the collective only.
+struct Bufs<T> {
+    /// This rank's input: `val(rank, i)` (the root's, for broadcast).
+    input: Vec<T>,
+    out: Vec<T>,
+}
+
+impl<T: Element> Bufs<T> {
+    fn new(c: &Communicator<'_>, case: &Case, count: usize) -> Bufs<T> {
+        let (n, r) = (c.size(), c.rank());
+        let pc = count / n;
+        let (inp, out) = match case.op {
+            Op::Allreduce | Op::Reduce | Op::Broadcast | Op::SendRecv => (count, count),
+            Op::Allgather => (pc, pc * n),
+            Op::ReduceScatter => (pc * n, pc),
+            Op::Alltoall => (pc * n, pc * n),
+        };
+        let who = if case.op == Op::Broadcast { case.root } else { r };
+        Bufs {
+            input: (0..inp).map(|i| val(who, i)).collect(),
+            out: vec![T::from_i64(0); out],
+        }
+    }
+}
+
+/// One run of the op, out of place (`input` → `out`).
+fn once<T: Element>(c: &Communicator<'_>, case: &Case, b: &mut Bufs<T>) -> Result<()> {
     let (n, r) = (c.size(), c.rank());
-    let es = std::mem::size_of::<T>();
-    let count = total / es;
-    let mine = |k: usize| -> Vec<T> { (0..k).map(|i| val(r, i)).collect() };
-    let count_wrong = |got: &[T], want: &[T]| {
-        got.iter()
-            .zip(want)
+    match case.op {
+        Op::Allreduce => c.allreduce(&b.input, &mut b.out, case.redop),
+        Op::Reduce => c.reduce(&b.input, &mut b.out, case.redop, case.root),
+        Op::Broadcast => {
+            if r == case.root {
+                b.out.copy_from_slice(&b.input);
+            }
+            c.broadcast(&mut b.out, case.root)
+        }
+        Op::Allgather => c.allgather(&b.input, &mut b.out),
+        Op::ReduceScatter => c.reduce_scatter(&b.input, &mut b.out, case.redop),
+        Op::Alltoall => c.alltoall(&b.input, &mut b.out),
+        Op::SendRecv => {
+            if n == 1 {
+                b.out.copy_from_slice(&b.input);
+                return Ok(());
+            }
+            let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+            let sends = [(right, bytemuck::cast_slice::<T, u8>(&b.input))];
+            let mut recvs = [(left, bytemuck::cast_slice_mut::<T, u8>(&mut b.out))];
+            c.exchange_raw(&sends, &mut recvs)
+        }
+    }
+}
+
+/// Wrong elements in `b.out` after a run of the op.
+fn wrong<T: Element>(c: &Communicator<'_>, case: &Case, b: &Bufs<T>) -> usize {
+    let (n, r) = (c.size(), c.rank());
+    let count_wrong = |want: Vec<T>| {
+        b.out
+            .iter()
+            .zip(&want)
             .filter(|(a, b)| bytemuck::bytes_of(*a) != bytemuck::bytes_of(*b))
             .count()
     };
-    Ok(match case.op {
-        Op::Allreduce => {
-            let mut b = mine(count);
-            c.allreduce_in_place(&mut b, case.redop)?;
-            if check {
-                count_wrong(&b, &reference::<T>(n, 0..count, case.redop))
-            } else {
-                0
-            }
-        }
-        Op::Reduce => {
-            let mut b = mine(count);
-            c.reduce_in_place(&mut b, case.redop, case.root)?;
-            if check && r == case.root {
-                count_wrong(&b, &reference::<T>(n, 0..count, case.redop))
-            } else {
-                0
-            }
-        }
-        Op::Broadcast => {
-            let want: Vec<T> = (0..count).map(|i| val(case.root, i)).collect();
-            let mut b = if r == case.root {
-                want.clone()
-            } else {
-                vec![T::from_i64(0); count]
-            };
-            c.broadcast(&mut b, case.root)?;
-            if check {
-                count_wrong(&b, &want)
-            } else {
-                0
-            }
-        }
-        Op::Allgather => {
-            let pc = count / n;
-            let mut b = vec![T::from_i64(0); pc * n];
-            c.allgather(&mine(pc), &mut b)?;
-            if check {
-                let want: Vec<T> = (0..n)
-                    .flat_map(|j| (0..pc).map(move |i| val(j, i)))
-                    .collect();
-                count_wrong(&b, &want)
-            } else {
-                0
-            }
-        }
-        Op::ReduceScatter => {
-            let pc = count / n;
-            let mut out = vec![T::from_i64(0); pc];
-            c.reduce_scatter(&mine(pc * n), &mut out, case.redop)?;
-            if check {
-                count_wrong(&out, &reference::<T>(n, r * pc..(r + 1) * pc, case.redop))
-            } else {
-                0
-            }
-        }
+    let pc = b.out.len() / if case.op == Op::Allgather { n } else { 1 };
+    match case.op {
+        Op::Allreduce => count_wrong(reference::<T>(n, 0..b.out.len(), case.redop)),
+        Op::Reduce if r == case.root => count_wrong(reference::<T>(n, 0..b.out.len(), case.redop)),
+        Op::Reduce => 0,
+        Op::Broadcast => count_wrong((0..b.out.len()).map(|i| val(case.root, i)).collect()),
+        Op::Allgather => count_wrong(
+            (0..n)
+                .flat_map(|j| (0..pc).map(move |i| val(j, i)))
+                .collect(),
+        ),
+        Op::ReduceScatter => count_wrong(reference::<T>(n, r * pc..(r + 1) * pc, case.redop)),
         Op::Alltoall => {
-            let pc = count / n;
-            let mut out = vec![T::from_i64(0); pc * n];
-            c.alltoall(&mine(pc * n), &mut out)?;
-            if check {
-                let want: Vec<T> = (0..n)
+            let pc = b.out.len() / n;
+            count_wrong(
+                (0..n)
                     .flat_map(|j| (r * pc..(r + 1) * pc).map(move |i| val(j, i)))
-                    .collect();
-                count_wrong(&out, &want)
-            } else {
-                0
-            }
+                    .collect(),
+            )
         }
         Op::SendRecv => {
-            let (right, left) = ((r + 1) % n, (r + n - 1) % n);
-            let mut got = vec![T::from_i64(0); count];
-            if n > 1 {
-                let send = mine(count);
-                let sends = [(right, bytemuck::cast_slice::<T, u8>(&send))];
-                let mut recvs = [(left, bytemuck::cast_slice_mut::<T, u8>(&mut got))];
-                c.exchange_raw(&sends, &mut recvs)?;
-            } else {
-                got = mine(count);
-            }
-            if check {
-                let want: Vec<T> = (0..count).map(|i| val(left, i)).collect();
-                count_wrong(&got, &want)
-            } else {
-                0
-            }
+            let left = (r + n - 1) % n;
+            count_wrong((0..b.out.len()).map(|i| val(left, i)).collect())
         }
-    })
+    }
 }
 
 fn bench<T: Element>(c: &Communicator<'_>, case: &Case, sizes: &[usize], a: &Args) -> Result<()> {
@@ -252,17 +241,20 @@ fn bench<T: Element>(c: &Communicator<'_>, case: &Case, sizes: &[usize], a: &Arg
         if c.rank() == 0 {
             eprint!("\r# running {size} B ...");
         }
+        let mut b = Bufs::<T>::new(c, case, count);
         for _ in 0..a.warmup {
-            once::<T>(c, case, size, false)?;
+            once::<T>(c, case, &mut b)?;
         }
         c.barrier()?;
         let t0 = Instant::now();
         for _ in 0..a.iters {
-            once::<T>(c, case, size, false)?;
+            once::<T>(c, case, &mut b)?;
         }
         let mut us = [t0.elapsed().as_secs_f64() * 1e6 / a.iters.max(1) as f64];
         c.allreduce_in_place(&mut us, ReduceOp::Max)?;
-        let mut wrong = [once::<T>(c, case, size, true)? as u64];
+        b.out.fill(T::from_i64(0));
+        once::<T>(c, case, &mut b)?;
+        let mut wrong = [wrong::<T>(c, case, &b) as u64];
         c.allreduce_in_place(&mut wrong, ReduceOp::Sum)?;
         if c.rank() == 0 {
             let algbw = (count * es) as f64 / us[0] / 1e3;

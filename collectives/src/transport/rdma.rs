@@ -44,6 +44,9 @@ pub struct RdmaConfig {
     pub ack_timeout: u8,
     /// Seed for initial PSNs.
     pub seed: u32,
+    /// How long a rank waiting for data keeps polling (yielding the CPU
+    /// between polls) before it sleeps on the device.
+    pub spin: Duration,
 }
 
 impl Default for RdmaConfig {
@@ -52,8 +55,17 @@ impl Default for RdmaConfig {
             chunk: 64 << 10,
             slots: 8,
             timeout: Duration::from_secs(30),
-            ack_timeout: 12,
+            ack_timeout: std::env::var("FERROCE_COLL_ACK_TIMEOUT")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(12),
             seed: 0x5eed,
+            spin: Duration::from_micros(
+                std::env::var("FERROCE_COLL_SPIN_US")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(1000),
+            ),
         }
     }
 }
@@ -471,6 +483,13 @@ impl Transport for RdmaTransport<'_> {
                 continue;
             }
             let idle = last_progress.elapsed();
+            if idle < self.cfg.spin {
+                // Stay runnable (as MPI's progress loop does): with more
+                // ranks than cores, a sleeping rank costs a wake-up on every
+                // message, while a yielding one lets the peer run now.
+                std::thread::yield_now();
+                continue;
+            }
             if idle >= self.cfg.timeout {
                 let mut waiting_on: Vec<usize> = sends
                     .iter()
