@@ -16,12 +16,17 @@ use crate::transport::Transport;
 /// Allreduce algorithm choice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AllreduceAlgo {
-    /// Recursive doubling below `small_bytes` (or fewer elements than ranks), ring above.
+    /// Recursive doubling up to `small_bytes` (or with fewer elements than
+    /// ranks); above, Rabenseifner on a power-of-two rank count or below
+    /// `ring_bytes`, else the ring.
     Auto,
     /// Reduce-scatter then allgather around the ring: bandwidth-optimal.
     Ring,
     /// Recursive doubling (pairs exchange whole vectors): latency-optimal.
     RecursiveDoubling,
+    /// Recursive halving reduce-scatter + recursive doubling allgather:
+    /// the ring's bytes in log2(n) steps.
+    Rabenseifner,
 }
 
 /// Broadcast / reduce algorithm choice.
@@ -41,6 +46,10 @@ pub struct Algorithms {
     pub reduce: TreeAlgo,
     /// Auto allreduce uses recursive doubling up to this many bytes.
     pub small_bytes: usize,
+    /// Auto allreduce on a rank count that is not a power of two uses the
+    /// ring from this many bytes (Rabenseifner's fold step moves whole
+    /// vectors, which the ring avoids).
+    pub ring_bytes: usize,
     /// Auto broadcast/reduce use the chain from this many bytes.
     pub chain_bytes: usize,
     /// Segment of the pipelined chain, bytes.
@@ -53,7 +62,8 @@ impl Default for Algorithms {
             allreduce: AllreduceAlgo::Auto,
             broadcast: TreeAlgo::Auto,
             reduce: TreeAlgo::Auto,
-            small_bytes: 64 << 10,
+            small_bytes: 16 << 10,
+            ring_bytes: 1 << 20,
             chain_bytes: 512 << 10,
             segment_bytes: 128 << 10,
         }
@@ -83,8 +93,9 @@ pub fn parse_allreduce(s: &str) -> Result<AllreduceAlgo> {
         "auto" => Ok(AllreduceAlgo::Auto),
         "ring" => Ok(AllreduceAlgo::Ring),
         "rd" | "recursive-doubling" => Ok(AllreduceAlgo::RecursiveDoubling),
+        "rab" | "rabenseifner" | "halving-doubling" => Ok(AllreduceAlgo::Rabenseifner),
         o => Err(Error::Invalid(format!(
-            "allreduce algorithm {o:?} (auto, ring, rd)"
+            "allreduce algorithm {o:?} (auto, ring, rd, rab)"
         ))),
     }
 }
@@ -108,6 +119,9 @@ pub struct Communicator<'t> {
     pub(crate) members: Vec<usize>,
     pub(crate) rank: usize,
     pub(crate) algos: Algorithms,
+    /// Temporary space of the algorithms, kept between calls (a fresh
+    /// multi-MiB vector per call costs page faults on every touch).
+    scratch: Rc<RefCell<Vec<u64>>>,
 }
 
 impl std::fmt::Debug for Communicator<'_> {
@@ -157,6 +171,7 @@ impl<'t> Communicator<'t> {
             members,
             rank,
             algos,
+            scratch: Rc::default(),
         })
     }
 
@@ -172,6 +187,25 @@ impl<'t> Communicator<'t> {
     /// Override algorithm choices for this communicator.
     pub fn set_algorithms(&mut self, a: Algorithms) {
         self.algos = a;
+    }
+
+    /// Run `f` on `len` elements of scratch space (contents unspecified).
+    /// Not re-entrant: algorithms call it once at a time.
+    pub(crate) fn with_scratch<T: Element, R>(
+        &self,
+        len: usize,
+        f: impl FnOnce(&mut [T]) -> Result<R>,
+    ) -> Result<R> {
+        let mut s = self
+            .scratch
+            .try_borrow_mut()
+            .map_err(|_| Error::Invalid("scratch space in use (nested collective)".into()))?;
+        let words = (len * std::mem::size_of::<T>()).div_ceil(8);
+        if s.len() < words {
+            s.resize(words, 0);
+        }
+        let all: &mut [T] = bytemuck::cast_slice_mut(&mut s[..words]);
+        f(&mut all[..len])
     }
 
     /// Run sends and receives (communicator ranks) together.
@@ -361,8 +395,11 @@ impl<'t> Communicator<'t> {
     pub fn allreduce_algo_for(&self, bytes: usize, count: usize) -> AllreduceAlgo {
         match self.algos.allreduce {
             AllreduceAlgo::Auto => {
-                if bytes <= self.algos.small_bytes || count < self.size() {
+                let n = self.size();
+                if bytes <= self.algos.small_bytes || count < n {
                     AllreduceAlgo::RecursiveDoubling
+                } else if n.is_power_of_two() || bytes < self.algos.ring_bytes {
+                    AllreduceAlgo::Rabenseifner
                 } else {
                     AllreduceAlgo::Ring
                 }
@@ -382,6 +419,7 @@ impl<'t> Communicator<'t> {
         }
         match self.allreduce_algo_for(std::mem::size_of_val(buf), buf.len()) {
             AllreduceAlgo::Ring => self.allreduce_ring(buf, op),
+            AllreduceAlgo::Rabenseifner => self.allreduce_rabenseifner(buf, op),
             _ => self.allreduce_recursive_doubling(buf, op),
         }
     }
@@ -513,6 +551,7 @@ impl<'t> Communicator<'t> {
             members: group.iter().map(|&(_, i)| self.members[i]).collect(),
             rank,
             algos: self.algos,
+            scratch: Rc::clone(&self.scratch),
         })
     }
 }

@@ -73,6 +73,90 @@ fn forced_recursive_doubling_and_binomial() {
 }
 
 #[test]
+fn forced_rabenseifner() {
+    matrix(
+        Algorithms {
+            allreduce: AllreduceAlgo::Rabenseifner,
+            ..Default::default()
+        },
+        true,
+    );
+}
+
+/// The bits Rabenseifner must produce, from the order stated in
+/// `algo/mod.rs`: fold 2i and 2i+1 for i < n − p, then pair virtual ranks
+/// v, v + p/2 first, … v, v + 1 last, always lower ⊕ upper.
+fn rabenseifner_reference(x: &[Vec<f32>]) -> Vec<f32> {
+    let n = x.len();
+    let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
+    let extra = n - p;
+    let mut level: Vec<Vec<f32>> = (0..p)
+        .map(|v| {
+            if v < extra {
+                x[2 * v].iter().zip(&x[2 * v + 1]).map(|(a, b)| a + b).collect()
+            } else {
+                x[v + extra].clone()
+            }
+        })
+        .collect();
+    let mut half = p / 2;
+    while half > 0 {
+        level = (0..half)
+            .map(|v| level[v].iter().zip(&level[v + half]).map(|(a, b)| a + b).collect())
+            .collect();
+        half /= 2;
+    }
+    level.swap_remove(0)
+}
+
+#[test]
+fn rabenseifner_follows_its_stated_order() {
+    for n in [2, 3, 5, 6, 7, 8] {
+        let input = |r: usize| -> Vec<f32> {
+            (0..1001)
+                .map(|i| ((i * 2654435761u64 as usize + r * 97) % 100_003) as f32 / 7.3e3 - 6.0)
+                .collect()
+        };
+        let res = run(Fabric::Local, n, cfg(), |c| {
+            let mut c = c.split(0, 0)?;
+            c.set_algorithms(Algorithms {
+                allreduce: AllreduceAlgo::Rabenseifner,
+                ..Default::default()
+            });
+            let mut a = input(c.rank());
+            c.allreduce_in_place(&mut a, ferroce_collectives::ReduceOp::Sum)?;
+            Ok(a)
+        })
+        .unwrap();
+        let want = rabenseifner_reference(&(0..n).map(input).collect::<Vec<_>>());
+        for (r, got) in res.into_iter().enumerate() {
+            let got = got.unwrap();
+            let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{n} ranks, rank {r}: bits differ from the stated order");
+        }
+    }
+}
+
+#[test]
+fn auto_picks_by_size_and_rank_count() {
+    let res = run(Fabric::Local, 6, cfg(), |c| {
+        let a = Algorithms::default();
+        Ok([
+            c.allreduce_algo_for(8, 2),
+            c.allreduce_algo_for(a.small_bytes + 4, (a.small_bytes + 4) / 4),
+            c.allreduce_algo_for(a.ring_bytes, a.ring_bytes / 4),
+            c.split((c.rank() / 4) as u32, 0)?.allreduce_algo_for(64 << 20, 16 << 20),
+        ])
+    })
+    .unwrap();
+    let got = res[0].as_ref().unwrap();
+    use AllreduceAlgo::*;
+    assert_eq!(got[..3], [RecursiveDoubling, Rabenseifner, Ring]);
+    // Ranks 0..4 form a power-of-two communicator: Rabenseifner at any size.
+    assert_eq!(got[3], Rabenseifner);
+}
+
+#[test]
 fn split_groups_by_color_and_key() {
     let res = run(Fabric::Local, 7, cfg(), |c| {
         let r = c.rank();
@@ -99,7 +183,11 @@ fn split_groups_by_color_and_key() {
 
 #[test]
 fn floats_are_deterministic_and_equal_on_every_rank() {
-    for algo in [AllreduceAlgo::Ring, AllreduceAlgo::RecursiveDoubling] {
+    for algo in [
+        AllreduceAlgo::Ring,
+        AllreduceAlgo::RecursiveDoubling,
+        AllreduceAlgo::Rabenseifner,
+    ] {
         let res = run(Fabric::Local, 7, cfg(), |c| {
             let mut c = c.split(0, 0)?;
             c.set_algorithms(Algorithms {

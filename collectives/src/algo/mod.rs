@@ -14,6 +14,12 @@
 //!   2i+1 (i < e) first form `x_{2i} ⊕ x_{2i+1}`; the p resulting leaves are
 //!   combined pairwise, always `lower ⊕ upper`, level by level. Every rank
 //!   computes the same tree, so every rank gets the same bits.
+//! - **Rabenseifner** (allreduce): the extra ranks fold as in recursive
+//!   doubling; then, over the p virtual ranks, block b is combined over a
+//!   balanced tree whose first level pairs virtual ranks v and v + p/2, the
+//!   next v and v + p/4, …, the last v and v + 1 (bits from the highest
+//!   down), always `lower ⊕ upper`; finished at its owner and copied bit for
+//!   bit to every rank.
 //! - **binomial reduce**: with v = (rank − root) mod n, the tree folds the
 //!   block of relative ranks [v, v+2^k) as `[v, v+2^(k−1)) ⊕ [v+2^(k−1), v+2^k)`.
 //! - **chain reduce**: relative ranks fold from the far end:
@@ -21,5 +27,6 @@
 //! - Avg divides the final sum by n once.
 
 pub mod halving_doubling;
+pub mod rabenseifner;
 pub mod ring;
 pub mod tree;

@@ -22,16 +22,17 @@ impl Communicator<'_> {
         let (n, r) = (self.size(), self.rank());
         let (right, left) = ((r + 1) % n, (r + n - 1) % n);
         let max = blocks.iter().map(|b| b.len()).max().unwrap_or(0);
-        let mut tmp = vec![T::from_i64(0); max];
-        for s in 0..n - 1 {
-            let sb = blocks[(r + 2 * n - s - 1) % n].clone();
-            let rb = blocks[(r + 2 * n - s - 2) % n].clone();
-            let t = &mut tmp[..rb.len()];
-            self.sendrecv(Some((right, &buf[sb])), Some((left, &mut *t)))?;
-            // The incoming partial covers the ranks before us in the fold.
-            reduce_upper(op, &mut buf[rb], t);
-        }
-        Ok(())
+        self.with_scratch::<T, _>(max, |tmp| {
+            for s in 0..n - 1 {
+                let sb = blocks[(r + 2 * n - s - 1) % n].clone();
+                let rb = blocks[(r + 2 * n - s - 2) % n].clone();
+                let t = &mut tmp[..rb.len()];
+                self.sendrecv(Some((right, &buf[sb])), Some((left, &mut *t)))?;
+                // The incoming partial covers the ranks before us in the fold.
+                reduce_upper(op, &mut buf[rb], t);
+            }
+            Ok(())
+        })
     }
 
     /// Every rank starts with `buf[blocks[rank]]` and ends with all blocks.
