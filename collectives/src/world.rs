@@ -42,12 +42,15 @@ impl Fabric {
 }
 
 /// How each rank's device is opened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DeviceOptions {
     /// Packet backend on the namespace fabric (mem and udp fix their own).
     pub backend: Backend,
     /// Who runs the device's engine.
     pub mode: EngineMode,
+    /// Seeded loss, reordering, ... on every rank's receive path (the
+    /// `tc netem` of a kernel without sch_netem); the seed is varied by rank.
+    pub faults: Option<ferroce_nic::FaultConfig>,
 }
 
 impl Default for DeviceOptions {
@@ -57,6 +60,7 @@ impl Default for DeviceOptions {
         DeviceOptions {
             backend: Backend::Udp,
             mode: EngineMode::Polling,
+            faults: None,
         }
     }
 }
@@ -196,6 +200,7 @@ pub fn run_env<R>(
     };
     let mut dc = DeviceConfig::new(&ifname, dev.backend);
     dc.seed ^= b.rank as u64;
+    dc.faults = faults_for(dev, b.rank);
     let ctx = Context::open(
         &dc,
         OpenOptions {
@@ -234,6 +239,13 @@ fn report_stats(rank: usize, ep: &RdmaEndpoint) {
     );
 }
 
+fn faults_for(dev: DeviceOptions, rank: usize) -> Option<ferroce_nic::FaultConfig> {
+    dev.faults.map(|f| ferroce_nic::FaultConfig {
+        seed: f.seed ^ (rank as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        ..f
+    })
+}
+
 type Devices = (Vec<Context>, Option<ferroce_nic::netns::Topology>);
 
 /// One device per rank on `fabric` (and the namespaces, kept alive by the caller).
@@ -254,10 +266,16 @@ pub fn open_devices(fabric: Fabric, n: usize, dev: DeviceOptions) -> Result<Devi
             let mut v = Vec::with_capacity(n);
             for i in 0..n {
                 let port = sw.port(i).map_err(ferroce_verbs::Error::from)?;
+                let io: Box<dyn ferroce_nic::PacketIo> = match faults_for(dev, i) {
+                    None => Box::new(port),
+                    Some(f) => Box::new(
+                        ferroce_nic::FaultIo::new(port, f).map_err(ferroce_verbs::Error::from)?,
+                    ),
+                };
                 let gid =
                     Ipv4Addr::new(198, 18, (i >> 8) as u8, (i & 0xff) as u8 + 1).to_ipv6_mapped();
                 v.push(Context::with_io(
-                    Box::new(port),
+                    io,
                     &format!("mem{i}"),
                     vec![gid],
                     u64::from(id) * 1000 + i as u64,
@@ -278,6 +296,7 @@ pub fn open_devices(fabric: Fabric, n: usize, dev: DeviceOptions) -> Result<Devi
                     ferroce_nic::ROCE_V2_PORT,
                 ));
                 cfg.seed = u64::from(id) * 1000 + i as u64;
+                cfg.faults = faults_for(dev, i);
                 v.push(Context::open(&cfg, opts)?);
             }
             Ok((v, None))
@@ -295,6 +314,7 @@ pub fn open_devices(fabric: Fabric, n: usize, dev: DeviceOptions) -> Result<Devi
                 let mut cfg = DeviceConfig::new(&topo.host(i).ifname, dev.backend);
                 cfg.netns = Some(topo.host(i).ns.clone());
                 cfg.seed = u64::from(id) * 1000 + i as u64;
+                cfg.faults = faults_for(dev, i);
                 let ctx = topo
                     .run_in(i, move || Context::open(&cfg, opts))
                     .map_err(ferroce_verbs::Error::from)??;
