@@ -7,8 +7,8 @@
 #
 #   scripts/coll-vs-mpi.sh [-b 8] [-e 64M] [-f 4] [-i 10] [-w 2] [-r 1] [-- extra coll-bench args]
 #
-# Environment: CARGO_TARGET_DIR (where the release build goes), FERROCE_BACKEND,
-# FERROCE_ENGINE (passed through to the ferroce ranks).
+# Environment: CARGO_TARGET_DIR (where the release build goes); FERROCE_BACKEND,
+# FERROCE_ENGINE, FERROCE_ALLREDUCE_ALGO, FERROCE_COLL_* (passed to the ferroce ranks).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
@@ -82,8 +82,10 @@ export PMIX_MCA_ptl_tcp_remote_connections=1 PMIX_MCA_ptl_tcp_if_include="$tag"
 mpi=(mpirun --allow-run-as-root --oversubscribe -np "$N" --bind-to none
     --mca btl tcp,self --mca btl_tcp_if_include veth0 --mca oob_tcp_if_include $tag
     -x MASTER_ADDR=198.18.0.1 -x MASTER_PORT=29517)
-[ -n "${FERROCE_BACKEND:-}" ] && mpi+=(-x FERROCE_BACKEND)
-[ -n "${FERROCE_ENGINE:-}" ] && mpi+=(-x FERROCE_ENGINE)
+for v in FERROCE_BACKEND FERROCE_ENGINE FERROCE_ALLREDUCE_ALGO FERROCE_COLL_CHUNK FERROCE_COLL_SLOTS \
+    FERROCE_COLL_SPIN_US FERROCE_COLL_ACK_TIMEOUT FERROCE_COLL_STATS; do
+    [ -n "${!v:-}" ] && mpi+=(-x "$v")
+done
 
 # CPU time of each whole run (all ranks and mpirun), when perf is there:
 # on a shared machine it says more than wall time about the cost per byte.

@@ -59,12 +59,12 @@ struct Args {
     /// Engine: poll (the rank's thread drives its device) or thread (default: FERROCE_ENGINE or poll).
     #[arg(long)]
     engine: Option<String>,
-    /// Bytes per RDMA WRITE chunk of the transport.
-    #[arg(long, default_value = "64K")]
-    chunk: String,
-    /// Receive slots (credit window) per peer.
-    #[arg(long, default_value_t = 8)]
-    slots: usize,
+    /// Bytes per RDMA WRITE chunk of the transport (default: FERROCE_COLL_CHUNK or 64K).
+    #[arg(long)]
+    chunk: Option<String>,
+    /// Receive slots (credit window) per peer (default: FERROCE_COLL_SLOTS or 8).
+    #[arg(long)]
+    slots: Option<usize>,
     /// Root of broadcast/reduce.
     #[arg(short = 'r', long, default_value_t = 0)]
     root: usize,
@@ -281,17 +281,18 @@ fn bench<T: Element>(c: &Communicator<'_>, case: &Case, sizes: &[usize], a: &Arg
     Ok(())
 }
 
-fn header(a: &Args, ranks: usize, dev: DeviceOptions, dt: DType, redop: ReduceOp) {
+fn header(a: &Args, ranks: usize, dev: DeviceOptions, cfg: &RdmaConfig, dt: DType, redop: ReduceOp) {
     println!(
         "# ferroce-coll-bench {}: {ranks} ranks on {}, dtype {}, redop {}, algo {}, {} warm-up + {} iterations",
         a.op, a.fabric, dt.name(), redop.name(), a.algo, a.warmup, a.iters
     );
     println!(
-        "# backend {}, engine {:?}, chunk {}, slots {}",
+        "# backend {}, engine {:?}, chunk {} B, slots {}, spin {:?}",
         dev.backend.name(),
         dev.mode,
-        a.chunk,
-        a.slots
+        cfg.chunk,
+        cfg.slots,
+        cfg.spin
     );
     println!("#");
     println!(
@@ -342,14 +343,16 @@ fn real_main(a: &Args) -> Result<()> {
     if let Some(m) = &a.engine {
         dev.mode = parse_mode(m)?;
     }
-    let rcfg = RdmaConfig {
-        chunk: parse_size(&a.chunk)?,
-        slots: a.slots,
-        ..RdmaConfig::default()
-    };
+    let mut rcfg = RdmaConfig::from_env()?;
+    if let Some(c) = &a.chunk {
+        rcfg.chunk = parse_size(c)?;
+    }
+    if let Some(n) = a.slots {
+        rcfg.slots = n;
+    }
     let body = |c: &Communicator<'_>| -> Result<()> {
         if c.rank() == 0 {
-            header(a, c.size(), dev, dt, redop);
+            header(a, c.size(), dev, &rcfg, dt, redop);
         }
         let mut c = c.split(0, 0)?;
         c.set_algorithms(Algorithms {

@@ -55,18 +55,41 @@ impl Default for RdmaConfig {
             chunk: 64 << 10,
             slots: 8,
             timeout: Duration::from_secs(30),
-            ack_timeout: std::env::var("FERROCE_COLL_ACK_TIMEOUT")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(12),
+            ack_timeout: 12,
             seed: 0x5eed,
-            spin: Duration::from_micros(
-                std::env::var("FERROCE_COLL_SPIN_US")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(1000),
-            ),
+            spin: Duration::from_micros(200),
         }
+    }
+}
+
+impl RdmaConfig {
+    /// Defaults, overridden by `FERROCE_COLL_CHUNK` (bytes), `FERROCE_COLL_SLOTS`,
+    /// `FERROCE_COLL_SPIN_US` and `FERROCE_COLL_ACK_TIMEOUT` (exponent).
+    pub fn from_env() -> Result<RdmaConfig> {
+        fn var<T: std::str::FromStr>(k: &str) -> Result<Option<T>> {
+            match std::env::var(k) {
+                Err(_) => Ok(None),
+                Ok(v) => v
+                    .trim()
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| Error::Env(format!("{k}={v:?} is not a number"))),
+            }
+        }
+        let mut c = RdmaConfig::default();
+        if let Some(v) = var("FERROCE_COLL_CHUNK")? {
+            c.chunk = v;
+        }
+        if let Some(v) = var("FERROCE_COLL_SLOTS")? {
+            c.slots = v;
+        }
+        if let Some(v) = var("FERROCE_COLL_SPIN_US")? {
+            c.spin = Duration::from_micros(v);
+        }
+        if let Some(v) = var("FERROCE_COLL_ACK_TIMEOUT")? {
+            c.ack_timeout = v;
+        }
+        Ok(c)
     }
 }
 
