@@ -93,7 +93,11 @@ fn rabenseifner_reference(x: &[Vec<f32>]) -> Vec<f32> {
     let mut level: Vec<Vec<f32>> = (0..p)
         .map(|v| {
             if v < extra {
-                x[2 * v].iter().zip(&x[2 * v + 1]).map(|(a, b)| a + b).collect()
+                x[2 * v]
+                    .iter()
+                    .zip(&x[2 * v + 1])
+                    .map(|(a, b)| a + b)
+                    .collect()
             } else {
                 x[v + extra].clone()
             }
@@ -102,7 +106,13 @@ fn rabenseifner_reference(x: &[Vec<f32>]) -> Vec<f32> {
     let mut half = p / 2;
     while half > 0 {
         level = (0..half)
-            .map(|v| level[v].iter().zip(&level[v + half]).map(|(a, b)| a + b).collect())
+            .map(|v| {
+                level[v]
+                    .iter()
+                    .zip(&level[v + half])
+                    .map(|(a, b)| a + b)
+                    .collect()
+            })
             .collect();
         half /= 2;
     }
@@ -131,8 +141,14 @@ fn rabenseifner_follows_its_stated_order() {
         let want = rabenseifner_reference(&(0..n).map(input).collect::<Vec<_>>());
         for (r, got) in res.into_iter().enumerate() {
             let got = got.unwrap();
-            let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{n} ranks, rank {r}: bits differ from the stated order");
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{n} ranks, rank {r}: bits differ from the stated order"
+            );
         }
     }
 }
@@ -145,7 +161,8 @@ fn auto_picks_by_size_and_rank_count() {
             c.allreduce_algo_for(8, 2),
             c.allreduce_algo_for(a.small_bytes + 4, (a.small_bytes + 4) / 4),
             c.allreduce_algo_for(a.ring_bytes, a.ring_bytes / 4),
-            c.split((c.rank() / 4) as u32, 0)?.allreduce_algo_for(64 << 20, 16 << 20),
+            c.split((c.rank() / 4) as u32, 0)?
+                .allreduce_algo_for(64 << 20, 16 << 20),
         ])
     })
     .unwrap();

@@ -160,7 +160,11 @@ impl<T: Element> Bufs<T> {
             Op::ReduceScatter => (pc * n, pc),
             Op::Alltoall => (pc * n, pc * n),
         };
-        let who = if case.op == Op::Broadcast { case.root } else { r };
+        let who = if case.op == Op::Broadcast {
+            case.root
+        } else {
+            r
+        };
         Bufs {
             input: (0..inp).map(|i| val(who, i)).collect(),
             out: vec![T::from_i64(0); out],
@@ -281,7 +285,14 @@ fn bench<T: Element>(c: &Communicator<'_>, case: &Case, sizes: &[usize], a: &Arg
     Ok(())
 }
 
-fn header(a: &Args, ranks: usize, dev: DeviceOptions, cfg: &RdmaConfig, dt: DType, redop: ReduceOp) {
+fn header(
+    a: &Args,
+    ranks: usize,
+    dev: DeviceOptions,
+    cfg: &RdmaConfig,
+    dt: DType,
+    redop: ReduceOp,
+) {
     println!(
         "# ferroce-coll-bench {}: {ranks} ranks on {}, dtype {}, redop {}, algo {}, {} warm-up + {} iterations",
         a.op, a.fabric, dt.name(), redop.name(), a.algo, a.warmup, a.iters
