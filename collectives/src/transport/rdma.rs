@@ -5,11 +5,16 @@
 //! Data path: a message is cut into chunks; chunk `s` (counted over the life
 //! of the pair) is copied into send slot `s % slots` and written with RDMA
 //! WRITE WITH IMMEDIATE into the peer's receive slot `s % slots`; the
-//! immediate is the chunk's length. The receiver learns of it from a receive
-//! completion (a receive with an empty scatter list is posted for every
-//! expected immediate), copies it out and, once half the ring is consumed,
-//! returns that many credits in a zero-length SEND WITH IMMEDIATE (the
-//! immediate is the credit count). The sender never has more than `slots`
+//! immediate is the chunk's length in its low 24 bits and, in its top 8,
+//! credits for the opposite direction (chunks of the peer's this side has
+//! consumed since it last said so). The receiver learns of a chunk from a
+//! receive completion (a receive with an empty scatter list is posted for
+//! every expected immediate) and copies it out. Credits ride on the next
+//! chunk to that peer; when none goes and half the ring is consumed, they
+//! go alone in a zero-length SEND WITH IMMEDIATE (the immediate is the
+//! count). Piggybacking matters for small exchanges between the same pair
+//! (recursive doubling): a lone credit message is two more packets (it and
+//! its ACK) through the kernel per few rounds. The sender never has more than `slots`
 //! chunks the receiver has not handed back, and never reuses a send slot
 //! before its WRITE completed. RC delivers and completes in order, so both
 //! sides agree on slot numbers without further bookkeeping.
@@ -101,6 +106,11 @@ pub struct RdmaEndpoint {
 }
 
 const ENTRY: usize = 20;
+/// The chunk length lives in the immediate's low 24 bits.
+const MAX_CHUNK: usize = 8 << 20;
+/// Piggybacked credits live in its top 8 bits.
+const MAX_SLOTS: usize = 255;
+const LEN_MASK: u32 = 0x00ff_ffff;
 
 #[derive(Debug)]
 struct Peer<'pd> {
@@ -175,9 +185,9 @@ impl RdmaEndpoint {
     /// through the rendezvous, connect, and meet once more so no rank writes
     /// before its peer is ready.
     pub fn connect(&self, rv: &mut Rendezvous, cfg: &RdmaConfig) -> Result<RdmaTransport<'_>> {
-        if cfg.chunk == 0 || cfg.chunk > (1 << 30) || cfg.slots < 2 {
+        if cfg.chunk == 0 || cfg.chunk > MAX_CHUNK || cfg.slots < 2 || cfg.slots > MAX_SLOTS {
             return Err(Error::Invalid(format!(
-                "RDMA transport needs chunk in 1..=1 GiB and ≥ 2 slots, got {cfg:?}"
+                "RDMA transport needs chunk in 1..=8 MiB and 2..=255 slots, got {cfg:?}"
             )));
         }
         let (rank, size) = (rv.rank(), rv.size());
@@ -332,7 +342,20 @@ impl<'pd> RdmaTransport<'pd> {
                 WcOpcode::RdmaWrite => p.data_done += 1,
                 WcOpcode::Send => p.credit_done += 1,
                 WcOpcode::RecvRdmaWithImm => {
-                    let len = wc.imm_data.unwrap_or(u32::MAX);
+                    let imm = wc.imm_data.unwrap_or(LEN_MASK);
+                    let (len, back) = (imm & LEN_MASK, (imm >> 24) as usize);
+                    if back > 0 {
+                        if p.credits + back > slots {
+                            return Err(Error::Protocol {
+                                peer: j,
+                                what: format!(
+                                    "returned {back} credits with {} held of {slots}",
+                                    p.credits
+                                ),
+                            });
+                        }
+                        p.credits += back;
+                    }
                     if len as usize > chunk || len == 0 {
                         return Err(Error::Protocol {
                             peer: j,
@@ -429,12 +452,13 @@ impl Transport for RdmaTransport<'_> {
                         SendOp::RdmaWriteWithImm {
                             remote_addr: p.remote_addr + off,
                             rkey: p.remote_rkey,
-                            imm: len as u32,
+                            imm: len as u32 | (p.unreported << 24),
                         },
                         &sge,
                     );
                     p.qp.post_send(&[wr])?;
                     p.credits -= 1;
+                    p.unreported = 0;
                     p.data_posted += 1;
                     send_off[k] += len;
                     progressed = true;
