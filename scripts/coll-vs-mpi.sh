@@ -116,14 +116,25 @@ echo
 echo "## ferroce-coll-bench allreduce, one process per rank under the same mpirun (round 1)"
 cat "$work/ferroce.1.txt"
 echo
-# Best (lowest) time per size over the rounds, for both.
-best() { awk '!/^#/ && NF { t = $(NF-3); if (!($1 in m) || t < m[$1]) m[$1] = t } END { for (s in m) print s, m[s] }' "$@" | sort -k1,1; }
-best "$work"/mpi.*.txt >"$work/mpi.best"
-best "$work"/ferroce.*.txt >"$work/ferroce.best"
+# Per size over the rounds: the best (lowest) time and the median, for both.
+times() { awk '!/^#/ && NF { print $1, $(NF-3) }' "$@"; }
+summary() {
+    times "$@" | sort -k1,1n -k2,2g | awk '
+        function flush() { if (n) printf "%s %s %s\n", s, v[1], (n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2) }
+        $1 != s { flush(); s = $1; n = 0 }
+        { v[++n] = $2 }
+        END { flush() }' | sort -k1,1
+}
+summary "$work"/mpi.*.txt >"$work/mpi.sum"
+summary "$work"/ferroce.*.txt >"$work/ferroce.sum"
 echo "## CPU seconds over all $R rounds (every rank, mpirun, start-up): Open MPI $(cpusum "$work"/mpi.*.cpu), ferroce $(cpusum "$work"/ferroce.*.cpu)"
 echo "## load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) (2 vCPUs; other jobs share the machine)"
-echo "## ratios (best of $R rounds; time ratio = Open MPI / ferroce, so > 1 means ferroce is faster)"
-printf "# %10s  %12s  %12s  %10s  %10s  %7s\n" size "ompi(us)" "ferroce(us)" "ompi busbw" "frc busbw" ratio
-join "$work/mpi.best" "$work/ferroce.best" | sort -n | awk -v n="$N" '{
-    bus = 2 * (n - 1) / n; ob = $1 / $2 / 1e3 * bus; fb = $1 / $3 / 1e3 * bus;
-    printf "%12d  %12.1f  %12.1f  %10.3f  %10.3f  %7.2f\n", $1, $2, $3, ob, fb, $2 / $3 }'
+echo "## ratios over $R rounds (ratio = Open MPI time / ferroce time, so > 1 means ferroce is faster)"
+printf "# %10s  %10s  %10s  %10s  %10s  %7s  %10s  %10s  %7s\n" size "ompi best" "frc best" \
+    "ompi busbw" "frc busbw" ratio "ompi med" "frc med" "ratio"
+printf "# %10s  %10s  %10s  %10s  %10s  %7s  %10s  %10s  %7s\n" "(B)" "(us)" "(us)" "(GB/s)" "(GB/s)" \
+    "(best)" "(us)" "(us)" "(med)"
+join "$work/mpi.sum" "$work/ferroce.sum" | sort -n | awk -v n="$N" '{
+    bus = 2 * (n - 1) / n; ob = $1 / $2 / 1e3 * bus; fb = $1 / $4 / 1e3 * bus;
+    printf "%12d  %10.1f  %10.1f  %10.3f  %10.3f  %7.2f  %10.1f  %10.1f  %7.2f\n",
+        $1, $2, $4, ob, fb, $2 / $4, $3, $5, $3 / $5 }'
