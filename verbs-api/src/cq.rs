@@ -57,6 +57,27 @@ impl CompletionQueue {
         Ok(n)
     }
 
+    /// Hand up to `max` completions, oldest first, to `f` under one lock
+    /// (no intermediate buffer); returns how many. In polling mode this also
+    /// runs one engine step first.
+    pub fn poll_each(&self, max: usize, mut f: impl FnMut(usize, &WorkCompletion)) -> Result<usize> {
+        let engine = &self.shared.engine;
+        if engine.mode == EngineMode::Polling {
+            engine.step_now();
+        }
+        self.shared.check_engine()?;
+        let mut inner = engine.lock();
+        let mut n = 0;
+        while n < max {
+            match inner.core.poll_cq_one(self.handle) {
+                Some(wc) => f(n, &wc),
+                None => break,
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// Completions waiting.
     pub fn len(&self) -> usize {
         self.shared.engine.lock().core.cq_len(self.handle)

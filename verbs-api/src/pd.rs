@@ -46,6 +46,25 @@ impl ProtectionDomain {
         Ok(MemoryRegion::new(self, lkey, rkey, iova, len))
     }
 
+    /// Register caller-provided memory at a caller-chosen I/O virtual
+    /// address (ibv_reg_mr_iova: peers address it by the application's own
+    /// pointers, as rdma-core applications send them).
+    pub fn reg_mr_at(
+        &self,
+        region: Box<dyn CoreRegion>,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion<'_>> {
+        let len = region.len();
+        let (lkey, rkey) =
+            self.shared
+                .engine
+                .lock()
+                .core
+                .reg_mr(self.handle, iova, access, region)?;
+        Ok(MemoryRegion::new(self, lkey, rkey, iova, len))
+    }
+
     /// A queue pair builder in this domain.
     pub fn create_qp(&self) -> QpBuilder<'_> {
         QpBuilder::new(self)

@@ -270,6 +270,40 @@ impl<'pd> QueuePair<'pd> {
         result
     }
 
+    /// Post send work requests, ringing the doorbell once, and say how many
+    /// the core took before the first refusal (ibv_post_send's `bad_wr`).
+    pub fn post_send_partial(&self, wrs: &[SendWr<'_>]) -> (usize, Result<()>) {
+        let mut inner = self.pd.shared.engine.lock();
+        let mut posted = 0;
+        let mut result = Ok(());
+        for wr in wrs {
+            if let Err(e) = inner.core.post_send(self.qpn, wr) {
+                result = Err(e.into());
+                break;
+            }
+            posted += 1;
+        }
+        let now = inner.now();
+        if let Err(e) = inner.flush_tx(now) {
+            if result.is_ok() {
+                result = Err(e.into());
+            }
+        }
+        (posted, result)
+    }
+
+    /// Post receive work requests and say how many the core took before
+    /// the first refusal (ibv_post_recv's `bad_wr`).
+    pub fn post_recv_partial(&self, wrs: &[RecvWr<'_>]) -> (usize, Result<()>) {
+        let mut inner = self.pd.shared.engine.lock();
+        for (i, wr) in wrs.iter().enumerate() {
+            if let Err(e) = inner.core.post_recv(self.qpn, wr) {
+                return (i, Err(e.into()));
+            }
+        }
+        (wrs.len(), Ok(()))
+    }
+
     /// Post receive work requests (stops at the first refused, like bad_wr).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let mut inner = self.pd.shared.engine.lock();

@@ -34,6 +34,18 @@ impl<'pd> SharedReceiveQueue<'pd> {
             .modify_srq(self.handle, limit)?)
     }
 
+    /// Post receive work requests and say how many the core took before
+    /// the first refusal (ibv_post_srq_recv's `bad_wr`).
+    pub fn post_recv_partial(&self, wrs: &[RecvWr<'_>]) -> (usize, Result<()>) {
+        let mut inner = self.pd.shared.engine.lock();
+        for (i, wr) in wrs.iter().enumerate() {
+            if let Err(e) = inner.core.post_srq_recv(self.handle, wr) {
+                return (i, Err(e.into()));
+            }
+        }
+        (wrs.len(), Ok(()))
+    }
+
     /// Post receive work requests; stops at the first the core refuses
     /// and returns its error (earlier ones stay posted, as with bad_wr).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
