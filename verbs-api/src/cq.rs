@@ -78,6 +78,13 @@ impl CompletionQueue {
         Ok(n)
     }
 
+    /// Run one engine step from this thread if the device is free right now
+    /// (a busy-polling application then takes its own frames instead of
+    /// waiting for a hand-off from the engine thread). True if frames moved.
+    pub fn try_progress(&self) -> bool {
+        self.shared.engine.try_step().is_some_and(|n| n > 0)
+    }
+
     /// Completions waiting.
     pub fn len(&self) -> usize {
         self.shared.engine.lock().core.cq_len(self.handle)

@@ -220,8 +220,12 @@ pub unsafe extern "C" fn ibv_modify_qp(
         retry_cnt: a.retry_cnt,
         rnr_retry: a.rnr_retry,
         min_rnr_timer: a.min_rnr_timer,
-        max_rd_atomic: a.max_rd_atomic,
-        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        // Clamped to the device's limit, as perftest asks for its peer's
+        // (rxe: 128): fewer READs/atomics in flight, never more.
+        max_rd_atomic: a.max_rd_atomic.min(ferroce_stack::transport::qp::MAX_RD_ATOMIC),
+        max_dest_rd_atomic: a
+            .max_dest_rd_atomic
+            .min(ferroce_stack::transport::qp::MAX_RD_ATOMIC),
         en_sqd_async_notify: a.en_sqd_async_notify != 0,
         ..QpAttr::default()
     };

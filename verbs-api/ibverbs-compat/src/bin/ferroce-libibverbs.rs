@@ -12,11 +12,23 @@ use std::process::{Command, ExitCode};
 const STATICLIB: &str = "libferroce_ibverbs_compat.a";
 
 fn find_staticlib(exe_dir: &Path) -> Option<PathBuf> {
-    // Next to the tool (target/<profile>/), or one up when run from deps/.
-    [exe_dir.to_path_buf(), exe_dir.join("..")]
+    // Next to the tool (target/<profile>/) or in its deps/ (test builds do
+    // not copy it up): the newest, which is the one this build made.
+    let mut found = vec![exe_dir.join(STATICLIB)];
+    for dir in [exe_dir.join("deps"), exe_dir.to_path_buf()] {
+        if let Ok(rd) = std::fs::read_dir(&dir) {
+            found.extend(rd.flatten().map(|e| e.path()).filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("libferroce_ibverbs_compat-") && n.ends_with(".a"))
+            }));
+        }
+    }
+    found
         .into_iter()
-        .map(|d| d.join(STATICLIB))
-        .find(|p| p.exists())
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max_by_key(|(t, _)| *t)
+        .map(|(_, p)| p)
 }
 
 fn main() -> ExitCode {
