@@ -60,7 +60,11 @@ impl CompletionQueue {
     /// Hand up to `max` completions, oldest first, to `f` under one lock
     /// (no intermediate buffer); returns how many. In polling mode this also
     /// runs one engine step first.
-    pub fn poll_each(&self, max: usize, mut f: impl FnMut(usize, &WorkCompletion)) -> Result<usize> {
+    pub fn poll_each(
+        &self,
+        max: usize,
+        mut f: impl FnMut(usize, &WorkCompletion),
+    ) -> Result<usize> {
         let engine = &self.shared.engine;
         if engine.mode == EngineMode::Polling {
             engine.step_now();

@@ -17,6 +17,10 @@ use crate::handles::{errno_of, fah, fcq, fqp, fsrq};
 
 /// Work requests handed to ferroce per call.
 pub const BATCH: usize = 16;
+/// Empty polls of a CQ in a row before `poll_cq` waits briefly for one.
+const EMPTY_POLLS_BEFORE_WAIT: u32 = 32;
+/// That wait: long enough to leave the CPU, short next to a 64 KiB frame burst.
+const IDLE_WAIT: std::time::Duration = std::time::Duration::from_micros(200);
 /// Scatter/gather entries per batch.
 const SGE_ROOM: usize = 64;
 
@@ -177,7 +181,10 @@ unsafe extern "C" fn post_send(
             }
             if !inline {
                 // SAFETY: num_sge entries (contract).
-                for (d, s) in sges[used..used + k].iter_mut().zip(unsafe { sges_of(w.sg_list, w.num_sge) }) {
+                for (d, s) in sges[used..used + k]
+                    .iter_mut()
+                    .zip(unsafe { sges_of(w.sg_list, w.num_sge) })
+                {
                     *d = s;
                 }
                 spans[n] = (used, k);
@@ -198,7 +205,11 @@ unsafe extern "C" fn post_send(
             // SAFETY: the application's WR.
             let w = unsafe { &*heads[i] };
             let Some(op) = op_of(w) else {
-                let posted = if i > 0 { q.qp.post_send_partial(&wrs[..i]) } else { (0, Ok(())) };
+                let posted = if i > 0 {
+                    q.qp.post_send_partial(&wrs[..i])
+                } else {
+                    (0, Ok(()))
+                };
                 // SAFETY: writable (contract).
                 unsafe { *bad = heads[posted.0] };
                 return match posted.1 {
@@ -285,7 +296,10 @@ unsafe fn post_recv_list(
                 break;
             }
             // SAFETY: num_sge entries (contract).
-            for (d, s) in sges[used..used + k].iter_mut().zip(unsafe { sges_of(w.sg_list, w.num_sge) }) {
+            for (d, s) in sges[used..used + k]
+                .iter_mut()
+                .zip(unsafe { sges_of(w.sg_list, w.num_sge) })
+            {
                 *d = s;
             }
             spans[n] = (used, k, w.wr_id);
@@ -396,9 +410,22 @@ unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_w
         // else give the engine thread the CPU.
         if c.cq.try_progress() {
             r = poll();
-        } else {
-            std::thread::yield_now();
         }
+        if matches!(r, Ok(0)) {
+            let empty = c.empty_polls.fetch_add(1, Ordering::Relaxed) + 1;
+            if empty >= EMPTY_POLLS_BEFORE_WAIT {
+                // Still nothing after a run of empty polls: wait briefly on
+                // the engine's progress (woken by the next completion) so a
+                // spinning application leaves the CPU to the engine.
+                let _ = c.cq.wait(IDLE_WAIT);
+                r = poll();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+    if matches!(r, Ok(k) if k > 0) {
+        c.empty_polls.store(0, Ordering::Relaxed);
     }
     match r {
         Ok(k) => k as c_int,

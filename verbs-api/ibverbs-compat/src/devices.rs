@@ -39,7 +39,16 @@ fn copy_cstr(dst: &mut [c_char], s: &str) {
 
 /// The modified EUI-64 of a MAC as a node GUID, in network byte order (rxe does the same).
 fn guid_of(mac: [u8; 6]) -> u64 {
-    let b = [mac[0] ^ 2, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]];
+    let b = [
+        mac[0] ^ 2,
+        mac[1],
+        mac[2],
+        0xff,
+        0xfe,
+        mac[3],
+        mac[4],
+        mac[5],
+    ];
     u64::from_ne_bytes(b)
 }
 
@@ -256,7 +265,7 @@ fn fill_device_attr(f: &FContext, a: &mut ffi::ibv_device_attr) {
     a.sys_image_guid = dev.guid;
     a.max_mr_size = d.max_mr_size;
     a.page_size_cap = 0xffff_f000; // 4 KiB and up, as rxe
-    // rxe's vendor id (RXE_VENDOR_ID 0xFFFFFF): tools treat the device as a soft RoCE.
+                                   // rxe's vendor id (RXE_VENDOR_ID 0xFFFFFF): tools treat the device as a soft RoCE.
     a.vendor_id = 0xff_ffff;
     a.max_qp = d.max_qp as c_int;
     a.max_qp_wr = d.max_qp_wr as c_int;

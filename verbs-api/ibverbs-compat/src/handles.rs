@@ -72,6 +72,8 @@ pub struct FCq {
     pub armed: AtomicBool,
     pub events_acked: AtomicU32,
     pub users: AtomicUsize,
+    /// Empty `poll_cq` calls in a row (see datapath).
+    pub empty_polls: AtomicU32,
 }
 
 /// ibv_srq.
@@ -116,7 +118,8 @@ pub struct FQp {
 /// # Safety
 /// `ctx` must come from `ibv_open_device` of this library and not be closed.
 pub unsafe fn fctx<'a>(ctx: *mut ffi::ibv_context) -> &'a FContext {
-    let off = std::mem::offset_of!(FContext, vctx) + std::mem::offset_of!(ffi::verbs_context, context);
+    let off =
+        std::mem::offset_of!(FContext, vctx) + std::mem::offset_of!(ffi::verbs_context, context);
     // SAFETY: the context is the last member of the verbs_context that heads
     // an FContext (see `open_device`); the caller guarantees it is live.
     unsafe { &*((ctx as *mut u8).sub(off) as *const FContext) }

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use ferroce_stack::transport::{AccessFlags, QpAttr, QpAttrMask, QpCap, QpState, QpType};
 
 use crate::ffi;
-use crate::handles::{errno_of, fctx, fcq, fpd, fqp, fsrq, leak, set_errno, FCq, FPd, FQp, FSrq};
+use crate::handles::{errno_of, fcq, fctx, fpd, fqp, fsrq, leak, set_errno, FCq, FPd, FQp, FSrq};
 use crate::resources::path_of;
 use crate::wr_api::{self, WrBuilder};
 
@@ -80,8 +80,7 @@ pub unsafe extern "C" fn create_qp_ex(
     // SAFETY: readable (caller).
     let a = unsafe { &mut *a };
     let known = ffi::IBV_QP_INIT_ATTR_PD | ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-    if a.comp_mask & ffi::IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() || a.comp_mask & !known != 0
-    {
+    if a.comp_mask & ffi::IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() || a.comp_mask & !known != 0 {
         set_errno(libc::EOPNOTSUPP);
         return ptr::null_mut();
     }
@@ -120,12 +119,11 @@ pub unsafe extern "C" fn create_qp_ex(
         max_recv_sge: a.cap.max_recv_sge.max(1),
         max_inline_data: a.cap.max_inline_data,
     };
-    let mut b = p
-        .pd
-        .create_qp()
-        .qp_type(qp_type)
-        .cap(cap)
-        .sq_sig_all(a.sq_sig_all != 0);
+    let mut b =
+        p.pd.create_qp()
+            .qp_type(qp_type)
+            .cap(cap)
+            .sq_sig_all(a.sq_sig_all != 0);
     if let Some(s) = srq {
         b = b.srq(&s.srq);
     }
@@ -222,7 +220,9 @@ pub unsafe extern "C" fn ibv_modify_qp(
         min_rnr_timer: a.min_rnr_timer,
         // Clamped to the device's limit, as perftest asks for its peer's
         // (rxe: 128): fewer READs/atomics in flight, never more.
-        max_rd_atomic: a.max_rd_atomic.min(ferroce_stack::transport::qp::MAX_RD_ATOMIC),
+        max_rd_atomic: a
+            .max_rd_atomic
+            .min(ferroce_stack::transport::qp::MAX_RD_ATOMIC),
         max_dest_rd_atomic: a
             .max_dest_rd_atomic
             .min(ferroce_stack::transport::qp::MAX_RD_ATOMIC),

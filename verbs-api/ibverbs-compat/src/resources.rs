@@ -11,8 +11,8 @@ use ferroce_stack::transport::{AccessFlags, MemoryRegion as CoreRegion, OutOfBou
 
 use crate::ffi;
 use crate::handles::{
-    errno_of, fah, fchannel, fcq, fctx, fpd, fsrq, leak, set_errno, FAh, FChannel, FCq,
-    FMr, FPd, FSrq,
+    errno_of, fah, fchannel, fcq, fctx, fpd, fsrq, leak, set_errno, FAh, FChannel, FCq, FMr, FPd,
+    FSrq,
 };
 
 /// Application memory registered as a region: the core copies straight
@@ -242,6 +242,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         armed: AtomicBool::new(false),
         events_acked: AtomicU32::new(0),
         users: AtomicUsize::new(0),
+        empty_polls: AtomicU32::new(0),
     });
     if !channel.is_null() {
         // SAFETY: a live channel (caller).
@@ -395,7 +396,9 @@ pub unsafe extern "C" fn ibv_get_cq_event(
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ffi::ibv_cq, n: u32) {
     if !cq.is_null() {
         // SAFETY: live CQ (caller).
-        unsafe { fcq(cq) }.events_acked.fetch_add(n, Ordering::AcqRel);
+        unsafe { fcq(cq) }
+            .events_acked
+            .fetch_add(n, Ordering::AcqRel);
     }
 }
 

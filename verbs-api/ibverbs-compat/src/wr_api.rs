@@ -177,7 +177,12 @@ unsafe extern "C" fn wr_rdma_write(q: *mut ffi::ibv_qp_ex, rkey: u32, remote_add
     // SAFETY: contract of the builder API.
     unsafe { push(q, SendOp::RdmaWrite { remote_addr, rkey }) }
 }
-unsafe extern "C" fn wr_rdma_write_imm(q: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64, imm: u32) {
+unsafe extern "C" fn wr_rdma_write_imm(
+    q: *mut ffi::ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    imm: u32,
+) {
     let imm = u32::from_be(imm);
     // SAFETY: contract of the builder API.
     unsafe {
@@ -215,7 +220,12 @@ unsafe extern "C" fn wr_atomic_cmp_swp(
         )
     }
 }
-unsafe extern "C" fn wr_atomic_fetch_add(q: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64) {
+unsafe extern "C" fn wr_atomic_fetch_add(
+    q: *mut ffi::ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    add: u64,
+) {
     // SAFETY: contract of the builder API.
     unsafe {
         push(
@@ -267,7 +277,8 @@ unsafe fn add_inline(q: *mut ffi::ibv_qp_ex, bufs: &[(*const u8, usize)]) {
         if n > 0 && !p.is_null() {
             // SAFETY: the application's buffer, readable now (inline data
             // is copied when it is set).
-            s.inline.extend_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
+            s.inline
+                .extend_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
         }
     }
     match s.wrs.last_mut() {

@@ -17,14 +17,21 @@ fn ibv_devinfo_lists_the_ferroce_device() {
     let topo = topology("cdev");
     let out = tool(&topo, 0, "ibv_devinfo", &["-v"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "ibv_devinfo: {text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "ibv_devinfo: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.contains("hca_id:\tferroce_veth0"), "{text}");
     assert!(text.contains("PORT_ACTIVE"), "{text}");
     assert!(text.contains("link_layer:\t\tEthernet"), "{text}");
     assert!(text.contains("::ffff:198.18.0.1, RoCE v2"), "{text}");
     let out = tool(&topo, 0, "ibv_devices", &[]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && text.contains("ferroce_veth0"), "{text}");
+    assert!(
+        out.status.success() && text.contains("ferroce_veth0"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -15,7 +15,10 @@ use ferroce_interop::Image;
 const PORT: u16 = 18515;
 
 fn lab_or_skip(test: &str) -> Option<RxeLab> {
-    if !common::can_run(test, &["ibv_rc_pingpong", "ib_write_bw", "ib_read_bw", "ib_send_bw"]) {
+    if !common::can_run(
+        test,
+        &["ibv_rc_pingpong", "ib_write_bw", "ib_read_bw", "ib_send_bw"],
+    ) {
         return None;
     }
     if let Some(why) = vm::unavailable_reason() {
@@ -49,14 +52,21 @@ fn vm_serves(lab: &RxeLab, program: &str, args: &str) -> (String, String) {
         .expect("spawn in the VM");
     let deadline = Instant::now() + Duration::from_secs(60);
     while vm.wait_listening(PORT, Duration::from_secs(1)).is_err() {
-        assert!(Instant::now() < deadline, "{program}: rxe server not listening");
+        assert!(
+            Instant::now() < deadline,
+            "{program}: rxe server not listening"
+        );
     }
     let host = host_cmd(lab, program, &format!("{args} -p {PORT} {}", vm.ip()))
         .spawn()
         .expect("spawn on the host");
     let (h, timed_out) = common::wait(host, Duration::from_secs(240));
     let v = job.wait_timeout(Duration::from_secs(30)).expect("rxe side");
-    let htext = format!("{}{}", String::from_utf8_lossy(&h.stdout), String::from_utf8_lossy(&h.stderr));
+    let htext = format!(
+        "{}{}",
+        String::from_utf8_lossy(&h.stdout),
+        String::from_utf8_lossy(&h.stderr)
+    );
     let vtext = format!("{}{}", v.stdout_str(), v.stderr_str());
     assert!(
         !timed_out && h.status.success() && v.success(),
@@ -81,7 +91,11 @@ fn host_serves(lab: &RxeLab, program: &str, args: &str) -> (String, String) {
         )
         .expect("rxe side");
     let (h, timed_out) = common::wait(host, Duration::from_secs(30));
-    let htext = format!("{}{}", String::from_utf8_lossy(&h.stdout), String::from_utf8_lossy(&h.stderr));
+    let htext = format!(
+        "{}{}",
+        String::from_utf8_lossy(&h.stdout),
+        String::from_utf8_lossy(&h.stderr)
+    );
     let vtext = format!("{}{}", v.stdout_str(), v.stderr_str());
     assert!(
         !timed_out && h.status.success() && v.success(),
@@ -99,14 +113,26 @@ fn shim_against_rxe_vm() {
     };
     // GID index 1 is the IPv4 RoCE v2 GID on both sides (as the interop tests use).
     let pp = "-g 1 -c -n 50 -s 4096 -m 1024";
-    for (v, h) in [vm_serves(&lab, "ibv_rc_pingpong", pp), host_serves(&lab, "ibv_rc_pingpong", pp)] {
-        assert!(v.contains("50 iters in") && h.contains("50 iters in"), "{v}\n{h}");
+    for (v, h) in [
+        vm_serves(&lab, "ibv_rc_pingpong", pp),
+        host_serves(&lab, "ibv_rc_pingpong", pp),
+    ] {
+        assert!(
+            v.contains("50 iters in") && h.contains("50 iters in"),
+            "{v}\n{h}"
+        );
     }
     for tool in ["ib_write_bw", "ib_read_bw", "ib_send_bw"] {
         let args = "-x 1 -m 1024 -s 65536 -n 30 -F";
         for (v, h) in [vm_serves(&lab, tool, args), host_serves(&lab, tool, args)] {
-            let row = |t: &str| t.lines().any(|l| l.trim_start().starts_with("65536      30"));
-            assert!(row(&v) || row(&h), "{tool}: no result row\n--- rxe:\n{v}\n--- host:\n{h}");
+            let row = |t: &str| {
+                t.lines()
+                    .any(|l| l.trim_start().starts_with("65536      30"))
+            };
+            assert!(
+                row(&v) || row(&h),
+                "{tool}: no result row\n--- rxe:\n{v}\n--- host:\n{h}"
+            );
         }
     }
 }

@@ -18,9 +18,9 @@ fn find_staticlib(exe_dir: &Path) -> Option<PathBuf> {
     for dir in [exe_dir.join("deps"), exe_dir.to_path_buf()] {
         if let Ok(rd) = std::fs::read_dir(&dir) {
             found.extend(rd.flatten().map(|e| e.path()).filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("libferroce_ibverbs_compat-") && n.ends_with(".a"))
+                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    n.starts_with("libferroce_ibverbs_compat-") && n.ends_with(".a")
+                })
             }));
         }
     }

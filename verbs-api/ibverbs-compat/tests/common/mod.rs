@@ -43,7 +43,10 @@ pub fn lib_dir() -> &'static Path {
             .parent()
             .unwrap_or(Path::new("."))
             .join(format!("ibverbs-compat-test-{}", std::process::id()));
-        let out = Command::new(&tool).arg(&dir).output().expect("run ferroce-libibverbs");
+        let out = Command::new(&tool)
+            .arg(&dir)
+            .output()
+            .expect("run ferroce-libibverbs");
         assert!(
             out.status.success(),
             "linking libibverbs.so.1 failed: {}",
@@ -102,7 +105,9 @@ pub fn pair(topo: &Topology, program: &str, args: &[&str], t: Duration) -> (Stri
     let ip = topo.host(1).ipv4.to_string();
     let mut cargs: Vec<&str> = args.to_vec();
     cargs.push(&ip);
-    let client = tool(topo, 0, program, &cargs).spawn().expect("spawn client");
+    let client = tool(topo, 0, program, &cargs)
+        .spawn()
+        .expect("spawn client");
     let (c, ct) = wait(client, t);
     let (s, st) = wait(server, Duration::from_secs(10));
     let text = |o: &Output| {
