@@ -212,11 +212,13 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     let ifname = std::ffi::CString::new(d.ifname.clone()).unwrap_or_default();
     // SAFETY: a NUL-terminated name.
     let ifindex = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
-    let mut vctx = ffi::verbs_context::default();
-    vctx.sz = std::mem::size_of::<ffi::verbs_context>();
-    vctx.query_port = Some(query_port_ex);
-    vctx.query_device_ex = Some(query_device_ex);
-    vctx.create_qp_ex = Some(crate::qp::create_qp_ex);
+    let mut vctx = ffi::verbs_context {
+        sz: std::mem::size_of::<ffi::verbs_context>(),
+        query_port: Some(query_port_ex),
+        query_device_ex: Some(query_device_ex),
+        create_qp_ex: Some(crate::qp::create_qp_ex),
+        ..Default::default()
+    };
     let c = &mut vctx.context;
     c.device = dev;
     c.cmd_fd = -1;

@@ -139,18 +139,20 @@ pub unsafe extern "C" fn create_qp_ex(
     p.hold();
     scq.users.fetch_add(1, Ordering::AcqRel);
     rcq.users.fetch_add(1, Ordering::AcqRel);
-    let mut ibv = ffi::ibv_qp_ex::default();
-    ibv.qp_base = ffi::ibv_qp {
-        context: ctx,
-        qp_context: a.qp_context,
-        pd: a.pd,
-        send_cq: a.send_cq,
-        recv_cq: a.recv_cq,
-        srq: a.srq,
-        handle: qpn,
-        qp_num: qpn,
-        state: ffi::IBV_QPS_RESET,
-        qp_type: a.qp_type,
+    let mut ibv = ffi::ibv_qp_ex {
+        qp_base: ffi::ibv_qp {
+            context: ctx,
+            qp_context: a.qp_context,
+            pd: a.pd,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            handle: qpn,
+            qp_num: qpn,
+            state: ffi::IBV_QPS_RESET,
+            qp_type: a.qp_type,
+            ..Default::default()
+        },
         ..Default::default()
     };
     wr_api::fill_ops(&mut ibv);
@@ -242,7 +244,8 @@ pub unsafe extern "C" fn ibv_modify_qp(
         }
     }
     if has(ffi::IBV_QP_AV) {
-        match path_of(q.ibv.qp_base.context, &a.ah_attr) {
+        // SAFETY: every QP records its live context.
+        match unsafe { path_of(q.ibv.qp_base.context, &a.ah_attr) } {
             Ok(p) => x.ah_attr = p,
             Err(e) => return e,
         }

@@ -512,7 +512,10 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ffi::ibv_srq) -> c_int {
 }
 
 /// The path an ibv_ah_attr with a GRH names (RoCE has no LID routing).
-pub fn path_of(ctx: *mut ffi::ibv_context, a: &ffi::ibv_ah_attr) -> Result<Path, c_int> {
+///
+/// # Safety
+/// `ctx` is a live context of this library.
+pub unsafe fn path_of(ctx: *mut ffi::ibv_context, a: &ffi::ibv_ah_attr) -> Result<Path, c_int> {
     if a.is_global == 0 {
         // RoCE needs the GRH: the GID is the IP address.
         return Err(libc::EINVAL);
@@ -549,7 +552,8 @@ pub unsafe extern "C" fn ibv_create_ah(
     }
     // SAFETY: live (caller).
     let (p, a) = unsafe { (fpd(pd), *attr) };
-    let path = match path_of(p.ibv.context, &a) {
+    // SAFETY: every PD records its live context.
+    let path = match unsafe { path_of(p.ibv.context, &a) } {
         Ok(x) => x,
         Err(e) => {
             set_errno(e);

@@ -1,7 +1,7 @@
 //! Debian's tools over the ferroce libibverbs.so.1 on the host against the
 //! same tools on Linux rxe in a QEMU VM (the interop harness's lab): RC
-//! ping-pong with data validation and perftest WRITE/READ/SEND, in both
-//! roles. Skips without root, QEMU or the VM image. TCG is slow: small
+//! ping-pong with data validation, perftest WRITE/READ/SEND/atomic
+//! bandwidth and WRITE/SEND latency, in both roles. Skips without root, QEMU or the VM image. TCG is slow: small
 //! counts, generous time-outs; function, not speed.
 
 mod common;
@@ -17,7 +17,15 @@ const PORT: u16 = 18515;
 fn lab_or_skip(test: &str) -> Option<RxeLab> {
     if !common::can_run(
         test,
-        &["ibv_rc_pingpong", "ib_write_bw", "ib_read_bw", "ib_send_bw"],
+        &[
+            "ibv_rc_pingpong",
+            "ib_write_bw",
+            "ib_read_bw",
+            "ib_send_bw",
+            "ib_atomic_bw",
+            "ib_write_lat",
+            "ib_send_lat",
+        ],
     ) {
         return None;
     }
@@ -122,12 +130,26 @@ fn shim_against_rxe_vm() {
             "{v}\n{h}"
         );
     }
-    for tool in ["ib_write_bw", "ib_read_bw", "ib_send_bw"] {
-        let args = "-x 1 -m 1024 -s 65536 -n 30 -F";
-        for (v, h) in [vm_serves(&lab, tool, args), host_serves(&lab, tool, args)] {
+    let cases = [
+        ("ib_write_bw", "65536"),
+        ("ib_read_bw", "65536"),
+        ("ib_send_bw", "65536"),
+        ("ib_atomic_bw", "8"),
+        ("ib_write_lat", "64"),
+        ("ib_send_lat", "64"),
+    ];
+    for (tool, size) in cases {
+        let args = if tool == "ib_atomic_bw" {
+            "-x 1 -m 1024 -n 30 -F".to_string()
+        } else {
+            format!("-x 1 -m 1024 -s {size} -n 30 -F")
+        };
+        for (v, h) in [vm_serves(&lab, tool, &args), host_serves(&lab, tool, &args)] {
             let row = |t: &str| {
-                t.lines()
-                    .any(|l| l.trim_start().starts_with("65536      30"))
+                t.lines().any(|l| {
+                    let w: Vec<&str> = l.split_whitespace().collect();
+                    w.len() >= 4 && w[0] == size && w[1] == "30"
+                })
             };
             assert!(
                 row(&v) || row(&h),
