@@ -145,6 +145,43 @@ impl CompletionQueue {
         }
     }
 
+    /// Block until one of `cqs` (all of one device) holds a completion or
+    /// `timeout` passes: a completion channel watching several CQs.
+    pub fn wait_any(cqs: &[&CompletionQueue], timeout: Duration) -> Result<()> {
+        let Some(first) = cqs.first() else {
+            std::thread::sleep(timeout);
+            return Err(Error::Timeout(timeout, "a completion"));
+        };
+        let deadline = Instant::now() + timeout;
+        let engine = &first.shared.engine;
+        loop {
+            first.shared.check_engine()?;
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout(timeout, "a completion"));
+            }
+            let inner = engine.lock();
+            if cqs.iter().any(|c| inner.core.cq_len(c.handle) > 0) {
+                return Ok(());
+            }
+            let slice = (deadline - now).min(Duration::from_millis(50));
+            match engine.mode {
+                EngineMode::Thread => {
+                    let _unused = engine
+                        .progress
+                        .wait_timeout(inner, slice)
+                        .unwrap_or_else(|p| p.into_inner());
+                }
+                EngineMode::Polling => {
+                    drop(inner);
+                    if engine.step_now() == 0 {
+                        engine.wait_io(slice.min(Duration::from_micros(200)));
+                    }
+                }
+            }
+        }
+    }
+
     /// Wait for and return exactly `n` completions (a helper for tools and tests).
     pub fn poll_n(&self, n: usize, timeout: Duration) -> Result<Vec<WorkCompletion>> {
         let deadline = Instant::now() + timeout;

@@ -440,6 +440,12 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ffi::ibv_cq, _solicited_only: c_int)
     // Solicited-only arming fires on any completion: a spurious wake-up
     // the application handles by polling, never a missed one.
     // SAFETY: a live CQ of this library (contract).
-    unsafe { fcq(cq) }.armed.store(true, Ordering::Release);
+    let c = unsafe { fcq(cq) };
+    c.hinted.store(false, Ordering::Release);
+    c.armed.store(true, Ordering::Release);
+    if !c.ibv.channel.is_null() {
+        // SAFETY: the channel outlives its CQs.
+        unsafe { crate::handles::fchannel(c.ibv.channel) }.ensure_notifier();
+    }
     0
 }

@@ -13,6 +13,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+pub use crate::channel::FChannel;
+
 use ferroce_stack::transport::{Path, QpType};
 use ferroce_verbs::{
     CompletionQueue, Context, MemoryRegion, ProtectionDomain, QueuePair, SharedReceiveQueue,
@@ -56,13 +58,6 @@ pub struct FMr {
     pub pd: *const FPd,
 }
 
-/// ibv_comp_channel: the CQs armed on it and an fd for the application.
-#[repr(C)]
-pub struct FChannel {
-    pub ibv: ffi::ibv_comp_channel,
-    pub cqs: Mutex<Vec<usize>>,
-}
-
 /// ibv_cq.
 #[repr(C)]
 pub struct FCq {
@@ -70,6 +65,8 @@ pub struct FCq {
     pub cq: CompletionQueue,
     /// ibv_req_notify_cq was called and no event has been handed out since.
     pub armed: AtomicBool,
+    /// The channel's fd was counted for the current arming (see channel).
+    pub hinted: AtomicBool,
     pub events_acked: AtomicU32,
     pub users: AtomicUsize,
     /// Empty `poll_cq` calls in a row (see datapath).

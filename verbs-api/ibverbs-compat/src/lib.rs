@@ -11,6 +11,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 #![allow(clippy::missing_safety_doc)]
 
+pub mod channel;
 pub mod datapath;
 pub mod devices;
 pub mod ffi;

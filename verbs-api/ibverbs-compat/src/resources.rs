@@ -4,15 +4,12 @@
 use std::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
-use std::time::Duration;
 
 use ferroce_stack::transport::{AccessFlags, MemoryRegion as CoreRegion, OutOfBounds, Path};
 
 use crate::ffi;
 use crate::handles::{
-    errno_of, fah, fchannel, fcq, fctx, fpd, fsrq, leak, set_errno, FAh, FChannel, FCq, FMr, FPd,
-    FSrq,
+    errno_of, fah, fchannel, fcq, fctx, fpd, fsrq, leak, set_errno, FAh, FCq, FMr, FPd, FSrq,
 };
 
 /// Application memory registered as a region: the core copies straight
@@ -240,17 +237,14 @@ pub unsafe extern "C" fn ibv_create_cq(
         },
         cq,
         armed: AtomicBool::new(false),
+        hinted: AtomicBool::new(false),
         events_acked: AtomicU32::new(0),
         users: AtomicUsize::new(0),
         empty_polls: AtomicU32::new(0),
     });
     if !channel.is_null() {
         // SAFETY: a live channel (caller).
-        let ch = unsafe { fchannel(channel) };
-        ch.cqs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(c as usize);
+        unsafe { fchannel(channel) }.add_cq(c as usize);
     }
     c as *mut ffi::ibv_cq
 }
@@ -269,11 +263,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ffi::ibv_cq) -> c_int {
     }
     if !c.ibv.channel.is_null() {
         // SAFETY: the channel outlives its CQs (rdma-core refuses to destroy it before).
-        let ch = unsafe { fchannel(c.ibv.channel) };
-        ch.cqs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|&x| x != cq as usize);
+        unsafe { fchannel(c.ibv.channel) }.remove_cq(cq as usize);
     }
     // SAFETY: allocated by leak() in ibv_create_cq.
     drop(unsafe { Box::from_raw(cq as *mut FCq) });
@@ -285,109 +275,6 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ffi::ibv_cq) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resize_cq(_cq: *mut ffi::ibv_cq, _cqe: c_int) -> c_int {
     libc::EOPNOTSUPP
-}
-
-/// # Safety
-/// Live context.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_create_comp_channel(
-    ctx: *mut ffi::ibv_context,
-) -> *mut ffi::ibv_comp_channel {
-    // SAFETY: plain syscall. The fd is the channel's identity for the
-    // application; events are handed out by ibv_get_cq_event.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return ptr::null_mut();
-    }
-    leak(FChannel {
-        ibv: ffi::ibv_comp_channel {
-            context: ctx,
-            fd,
-            refcnt: 0,
-        },
-        cqs: Mutex::new(Vec::new()),
-    }) as *mut ffi::ibv_comp_channel
-}
-
-/// # Safety
-/// A channel of this library, not used afterwards.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ffi::ibv_comp_channel) -> c_int {
-    if ch.is_null() {
-        return libc::EINVAL;
-    }
-    // SAFETY: live channel (caller).
-    let c = unsafe { fchannel(ch) };
-    if !c.cqs.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
-        return libc::EBUSY;
-    }
-    // SAFETY: allocated by leak(); our own fd.
-    let b = unsafe { Box::from_raw(ch as *mut FChannel) };
-    // SAFETY: our own fd.
-    unsafe { libc::close(b.ibv.fd) };
-    0
-}
-
-/// Wait for a completion on a CQ armed on this channel. A CQ that holds
-/// completions while armed fires (the application polls after each event,
-/// so this is the event for what arrived since its last poll).
-///
-/// # Safety
-/// A live channel; writable out-pointers.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_get_cq_event(
-    ch: *mut ffi::ibv_comp_channel,
-    cq_out: *mut *mut ffi::ibv_cq,
-    ctx_out: *mut *mut c_void,
-) -> c_int {
-    if ch.is_null() || cq_out.is_null() {
-        set_errno(libc::EINVAL);
-        return -1;
-    }
-    // SAFETY: live channel (caller).
-    let c = unsafe { fchannel(ch) };
-    // SAFETY: our fd.
-    let nonblock = unsafe { libc::fcntl(c.ibv.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
-    loop {
-        let cqs: Vec<usize> = c.cqs.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut waiting_on = None;
-        for &p in &cqs {
-            // SAFETY: CQs on the list are live (removed on destroy).
-            let q = unsafe { &*(p as *const FCq) };
-            if !q.armed.load(Ordering::Acquire) {
-                continue;
-            }
-            if !q.cq.is_empty() && q.armed.swap(false, Ordering::AcqRel) {
-                // SAFETY: writable (caller).
-                unsafe {
-                    *cq_out = p as *mut ffi::ibv_cq;
-                    if !ctx_out.is_null() {
-                        *ctx_out = q.ibv.cq_context;
-                    }
-                }
-                return 0;
-            }
-            waiting_on.get_or_insert(q);
-        }
-        if nonblock {
-            set_errno(libc::EAGAIN);
-            return -1;
-        }
-        match waiting_on {
-            // The engine signals progress; the wait returns at the first
-            // completion or after the slice (then the list is read again).
-            Some(q) => {
-                if let Err(ferroce_verbs::Error::EngineStopped(why)) =
-                    q.cq.wait(Duration::from_millis(20))
-                {
-                    eprintln!("ferroce libibverbs: {why}");
-                    set_errno(libc::EIO);
-                    return -1;
-                }
-            }
-            None => std::thread::sleep(Duration::from_millis(1)),
-        }
-    }
 }
 
 /// # Safety

@@ -107,6 +107,10 @@ fn ib_send_lat() {
     run(
         "cslat",
         "ib_send_lat",
-        &[(&["-F", "-x", "1", "-s", "64", "-n", "1000"], "64")],
+        &[
+            (&["-F", "-x", "1", "-s", "64", "-n", "1000"], "64"),
+            // Completion events (ibv_get_cq_event on a channel with two CQs).
+            (&["-F", "-x", "1", "-e", "-s", "64", "-n", "500"], "64"),
+        ],
     );
 }

@@ -1,0 +1,204 @@
+//! The completion channel's fd works with poll(2), as programs that put it
+//! in an event loop need: not readable while nothing happened, readable
+//! after a completion on an armed CQ, and `ibv_get_cq_event` then hands out
+//! that CQ. The library is called in-process (its Rust functions are the C
+//! entry points) from two network-namespace hosts exchanging a UD message.
+//! Needs root; skips without it.
+
+mod common;
+
+use std::ffi::c_void;
+use std::ptr;
+
+use ferroce_ibverbs_compat::{channel, devices, ffi, qp, resources};
+
+/// The handles of one side, as addresses (raw pointers are not Send).
+#[derive(Clone, Copy)]
+struct Side {
+    ctx: usize,
+    pd: usize,
+    ch: usize,
+    cq: usize,
+    qp: usize,
+    mr: usize,
+    buf: usize,
+    qpn: u32,
+}
+
+const LEN: usize = 4096;
+
+/// Open the device of the calling thread's namespace and make a UD QP in RTS.
+unsafe fn open_side() -> Side {
+    unsafe {
+        let mut n = 0;
+        let list = devices::ibv_get_device_list(&mut n);
+        assert!(n >= 1, "no device");
+        let ctx = devices::ibv_open_device(*list);
+        assert!(!ctx.is_null(), "open");
+        devices::ibv_free_device_list(list);
+        let pd = resources::ibv_alloc_pd(ctx);
+        let ch = channel::ibv_create_comp_channel(ctx);
+        let cq = resources::ibv_create_cq(ctx, 16, ptr::null_mut(), ch, 0);
+        assert!(!pd.is_null() && !ch.is_null() && !cq.is_null());
+        let buf = Box::leak(vec![0u8; LEN].into_boxed_slice()).as_mut_ptr();
+        let mr = resources::ibv_reg_mr(pd, buf as *mut c_void, LEN, 1);
+        assert!(!mr.is_null());
+        let mut init = ffi::ibv_qp_init_attr {
+            send_cq: cq,
+            recv_cq: cq,
+            cap: ffi::ibv_qp_cap {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            qp_type: ffi::IBV_QPT_UD,
+            ..Default::default()
+        };
+        let q = qp::ibv_create_qp(pd, &mut init);
+        assert!(!q.is_null());
+        let mut a = ffi::ibv_qp_attr {
+            qp_state: ffi::IBV_QPS_INIT,
+            port_num: 1,
+            qkey: 0x1111_1111,
+            ..Default::default()
+        };
+        let m = ffi::IBV_QP_STATE | ffi::IBV_QP_PKEY_INDEX | ffi::IBV_QP_PORT | ffi::IBV_QP_QKEY;
+        assert_eq!(qp::ibv_modify_qp(q, &mut a, m as i32), 0);
+        a.qp_state = ffi::IBV_QPS_RTR;
+        assert_eq!(qp::ibv_modify_qp(q, &mut a, ffi::IBV_QP_STATE as i32), 0);
+        a.qp_state = ffi::IBV_QPS_RTS;
+        let m = ffi::IBV_QP_STATE | ffi::IBV_QP_SQ_PSN;
+        assert_eq!(qp::ibv_modify_qp(q, &mut a, m as i32), 0);
+        Side {
+            ctx: ctx as usize,
+            pd: pd as usize,
+            ch: ch as usize,
+            cq: cq as usize,
+            qp: q as usize,
+            mr: mr as usize,
+            buf: buf as usize,
+            qpn: (*q).qp_num,
+        }
+    }
+}
+
+fn readable(fd: i32, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd.
+    unsafe { libc::poll(&mut p, 1, ms) == 1 && p.revents & libc::POLLIN != 0 }
+}
+
+#[test]
+fn channel_fd_is_pollable() {
+    if !common::can_run("channel_fd_is_pollable", &[]) {
+        return;
+    }
+    let topo = common::topology("cchan");
+    // Both namespaces name their interface veth0; each thread opens its own.
+    std::env::set_var("FERROCE_DEVICE", &topo.host(0).ifname);
+    std::env::set_var("FERROCE_BACKEND", common::backend());
+    // SAFETY: the library's C entry points, called as a C program would.
+    let a = topo.run_in(0, || unsafe { open_side() }).unwrap();
+    let b = topo.run_in(1, || unsafe { open_side() }).unwrap();
+    let dgid = topo.host(1).ipv4.to_ipv6_mapped().octets();
+    let bqpn = b.qpn;
+    // B: a receive posted, the CQ armed; the fd must stay quiet.
+    // SAFETY: live handles of side B.
+    unsafe {
+        let lkey = (*(b.mr as *mut ffi::ibv_mr)).lkey;
+        let mut sge = ffi::ibv_sge {
+            addr: b.buf as u64,
+            length: LEN as u32,
+            lkey,
+        };
+        let mut wr = ffi::ibv_recv_wr {
+            wr_id: 7,
+            sg_list: &mut sge,
+            num_sge: 1,
+            ..Default::default()
+        };
+        let mut bad = ptr::null_mut();
+        let q = b.qp as *mut ffi::ibv_qp;
+        let post = (*(*q).context).ops.post_recv.unwrap();
+        assert_eq!(post(q, &mut wr, &mut bad), 0);
+        let cq = b.cq as *mut ffi::ibv_cq;
+        let arm = (*(*cq).context).ops.req_notify_cq.unwrap();
+        assert_eq!(arm(cq, 0), 0);
+    }
+    // SAFETY: B's channel is live.
+    let bfd = unsafe { (*(b.ch as *mut ffi::ibv_comp_channel)).fd };
+    assert!(!readable(bfd, 200), "readable before anything arrived");
+    // A sends 100 bytes to B (address handle made in A's namespace).
+    topo.run_in(0, move || {
+        // SAFETY: live handles of side A.
+        unsafe {
+            let pd = a.pd as *mut ffi::ibv_pd;
+            let mut ah_attr = ffi::ibv_ah_attr {
+                is_global: 1,
+                port_num: 1,
+                grh: ffi::ibv_global_route {
+                    dgid: ffi::ibv_gid { raw: dgid },
+                    sgid_index: 1,
+                    hop_limit: 64,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let ah = resources::ibv_create_ah(pd, &mut ah_attr);
+            assert!(!ah.is_null(), "create_ah");
+            std::ptr::write_bytes(a.buf as *mut u8, 0x5a, 100);
+            let mut sge = ffi::ibv_sge {
+                addr: a.buf as u64,
+                length: 100,
+                lkey: (*(a.mr as *mut ffi::ibv_mr)).lkey,
+            };
+            let mut wr = ffi::ibv_send_wr {
+                wr_id: 1,
+                sg_list: &mut sge,
+                num_sge: 1,
+                opcode: ffi::IBV_WR_SEND,
+                send_flags: ffi::IBV_SEND_SIGNALED,
+                ..Default::default()
+            };
+            wr.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                ah,
+                remote_qpn: bqpn,
+                remote_qkey: 0x1111_1111,
+            };
+            let mut bad = ptr::null_mut();
+            let q = a.qp as *mut ffi::ibv_qp;
+            let post = (*(*q).context).ops.post_send.unwrap();
+            assert_eq!(post(q, &mut wr, &mut bad), 0);
+        }
+    })
+    .unwrap();
+    assert!(readable(bfd, 5000), "the channel fd never became readable");
+    // SAFETY: live handles of side B.
+    unsafe {
+        let mut got: *mut ffi::ibv_cq = ptr::null_mut();
+        let mut cctx: *mut c_void = ptr::null_mut();
+        let ch = b.ch as *mut ffi::ibv_comp_channel;
+        assert_eq!(channel::ibv_get_cq_event(ch, &mut got, &mut cctx), 0);
+        assert_eq!(got as usize, b.cq);
+        resources::ibv_ack_cq_events(got, 1);
+        let mut wc = ffi::ibv_wc::default();
+        let poll = (*(*got).context).ops.poll_cq.unwrap();
+        assert_eq!(poll(got, 1, &mut wc), 1);
+        assert_eq!(wc.status, ffi::IBV_WC_SUCCESS);
+        assert_eq!(wc.wr_id, 7);
+        assert_eq!(wc.byte_len, 100 + 40, "payload and the GRH area");
+        assert_eq!(*((b.buf + 40) as *const u8), 0x5a);
+        // Event taken: quiet again.
+        assert!(
+            !readable(bfd, 100),
+            "still readable after the event was taken"
+        );
+    }
+    let _ = (a.ctx, b.ctx);
+}
