@@ -42,7 +42,9 @@ pub fn lib_dir() -> &'static Path {
         let dir = tool
             .parent()
             .unwrap_or(Path::new("."))
-            .join(format!("ibverbs-compat-test-{}", std::process::id()));
+            // One directory for every test binary: the linker tool replaces
+            // the file atomically, so a running tool keeps its mapping.
+            .join("ibverbs-compat-test");
         let out = Command::new(&tool)
             .arg(&dir)
             .output()
