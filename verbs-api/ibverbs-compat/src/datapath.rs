@@ -4,7 +4,7 @@
 //! stack (no allocation, no payload copy) and handed to ferroce-verbs, which
 //! takes its device lock once per batch.
 
-use std::ffi::c_int;
+use std::ffi::{c_int, c_uint};
 use std::ptr;
 use std::sync::atomic::Ordering;
 
@@ -434,6 +434,97 @@ unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_w
             -1
         }
     }
+}
+
+/// The extended polling API of ibv_cq_ex (`ibv_start_poll`, `ibv_next_poll`,
+/// `ibv_wc_read_*`): one completion at a time through the same poll path.
+pub fn fill_cq_ex_ops(c: &mut ffi::ibv_cq_ex) {
+    c.start_poll = Some(cq_ex_start_poll);
+    c.next_poll = Some(cq_ex_next_poll);
+    c.end_poll = Some(cq_ex_end_poll);
+    c.read_opcode = Some(cq_ex_read_opcode);
+    c.read_vendor_err = Some(cq_ex_read_vendor_err);
+    c.read_byte_len = Some(cq_ex_read_byte_len);
+    c.read_imm_data = Some(cq_ex_read_imm_data);
+    c.read_qp_num = Some(cq_ex_read_qp_num);
+    c.read_src_qp = Some(cq_ex_read_src_qp);
+    c.read_wc_flags = Some(cq_ex_read_wc_flags);
+    c.read_slid = Some(cq_ex_read_zero_u32);
+    c.read_sl = Some(cq_ex_read_zero_u8);
+    c.read_dlid_path_bits = Some(cq_ex_read_zero_u8);
+}
+
+/// The completion being read (between start_poll and end_poll).
+///
+/// # Safety
+/// A live CQ of this library inside start_poll..end_poll on this thread.
+unsafe fn current<'a>(cq: *mut ffi::ibv_cq_ex) -> &'a ffi::ibv_wc {
+    // SAFETY: the ibv_cq_ex heads the FCq; only this thread reads it now.
+    unsafe { &*(*(cq as *const crate::handles::FCq)).current.get() }
+}
+
+unsafe extern "C" fn cq_ex_next_poll(cq: *mut ffi::ibv_cq_ex) -> c_int {
+    // SAFETY: the ibv_cq_ex heads the FCq (contract).
+    let f = unsafe { &*(cq as *const crate::handles::FCq) };
+    // SAFETY: the polling thread owns `current` (contract); the ibv_cq is the prefix.
+    match unsafe { poll_cq(cq as *mut ffi::ibv_cq, 1, f.current.get()) } {
+        1 => {
+            // SAFETY: just written; the application reads status/wr_id from the struct.
+            unsafe {
+                let w = &*f.current.get();
+                (*cq).status = w.status;
+                (*cq).wr_id = w.wr_id;
+            }
+            0
+        }
+        0 => libc::ENOENT,
+        _ => libc::EIO,
+    }
+}
+
+unsafe extern "C" fn cq_ex_start_poll(
+    cq: *mut ffi::ibv_cq_ex,
+    _attr: *mut ffi::ibv_poll_cq_attr,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { cq_ex_next_poll(cq) }
+}
+
+unsafe extern "C" fn cq_ex_end_poll(_cq: *mut ffi::ibv_cq_ex) {}
+
+unsafe extern "C" fn cq_ex_read_opcode(cq: *mut ffi::ibv_cq_ex) -> ffi::ibv_wc_opcode {
+    // SAFETY: contract of the extended API.
+    unsafe { current(cq) }.opcode
+}
+unsafe extern "C" fn cq_ex_read_vendor_err(_cq: *mut ffi::ibv_cq_ex) -> u32 {
+    0
+}
+unsafe extern "C" fn cq_ex_read_byte_len(cq: *mut ffi::ibv_cq_ex) -> u32 {
+    // SAFETY: contract of the extended API.
+    unsafe { current(cq) }.byte_len
+}
+unsafe extern "C" fn cq_ex_read_imm_data(cq: *mut ffi::ibv_cq_ex) -> u32 {
+    // SAFETY: contract of the extended API; the union is plain integers.
+    unsafe { current(cq).__bindgen_anon_1.imm_data }
+}
+unsafe extern "C" fn cq_ex_read_qp_num(cq: *mut ffi::ibv_cq_ex) -> u32 {
+    // SAFETY: contract of the extended API.
+    unsafe { current(cq) }.qp_num
+}
+unsafe extern "C" fn cq_ex_read_src_qp(cq: *mut ffi::ibv_cq_ex) -> u32 {
+    // SAFETY: contract of the extended API.
+    unsafe { current(cq) }.src_qp
+}
+unsafe extern "C" fn cq_ex_read_wc_flags(cq: *mut ffi::ibv_cq_ex) -> c_uint {
+    // SAFETY: contract of the extended API.
+    unsafe { current(cq) }.wc_flags
+}
+/// RoCE has no LIDs, SLs or path bits.
+unsafe extern "C" fn cq_ex_read_zero_u32(_cq: *mut ffi::ibv_cq_ex) -> u32 {
+    0
+}
+unsafe extern "C" fn cq_ex_read_zero_u8(_cq: *mut ffi::ibv_cq_ex) -> u8 {
+    0
 }
 
 unsafe extern "C" fn req_notify_cq(cq: *mut ffi::ibv_cq, _solicited_only: c_int) -> c_int {

@@ -217,6 +217,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
         query_port: Some(query_port_ex),
         query_device_ex: Some(query_device_ex),
         create_qp_ex: Some(crate::qp::create_qp_ex),
+        create_cq_ex: Some(crate::resources::create_cq_ex),
         ..Default::default()
     };
     let c = &mut vctx.context;

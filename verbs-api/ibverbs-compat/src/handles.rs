@@ -58,10 +58,10 @@ pub struct FMr {
     pub pd: *const FPd,
 }
 
-/// ibv_cq.
+/// ibv_cq, inside the ibv_cq_ex of the extended polling API (its prefix).
 #[repr(C)]
 pub struct FCq {
-    pub ibv: ffi::ibv_cq,
+    pub ibv: ffi::ibv_cq_ex,
     pub cq: CompletionQueue,
     /// ibv_req_notify_cq was called and no event has been handed out since.
     pub armed: AtomicBool,
@@ -71,6 +71,9 @@ pub struct FCq {
     pub users: AtomicUsize,
     /// Empty `poll_cq` calls in a row (see datapath).
     pub empty_polls: AtomicU32,
+    /// The completion being read between start_poll and end_poll (the
+    /// extended API is single-threaded per CQ, as rdma-core documents).
+    pub current: std::cell::UnsafeCell<ffi::ibv_wc>,
 }
 
 /// ibv_srq.

@@ -204,16 +204,12 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ffi::ibv_mr) -> c_int {
     r
 }
 
-/// # Safety
-/// Live context; `channel` NULL or a channel of this library.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_create_cq(
+fn new_cq(
     ctx: *mut ffi::ibv_context,
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ffi::ibv_comp_channel,
-    _comp_vector: c_int,
-) -> *mut ffi::ibv_cq {
+) -> *mut FCq {
     if ctx.is_null() || cqe < 1 {
         set_errno(libc::EINVAL);
         return ptr::null_mut();
@@ -227,26 +223,70 @@ pub unsafe extern "C" fn ibv_create_cq(
             return ptr::null_mut();
         }
     };
+    let mut ibv = ffi::ibv_cq_ex {
+        context: ctx,
+        channel,
+        cq_context,
+        cqe,
+        ..Default::default()
+    };
+    crate::datapath::fill_cq_ex_ops(&mut ibv);
     let c = leak(FCq {
-        ibv: ffi::ibv_cq {
-            context: ctx,
-            channel,
-            cq_context,
-            cqe,
-            ..Default::default()
-        },
+        ibv,
         cq,
         armed: AtomicBool::new(false),
         hinted: AtomicBool::new(false),
         events_acked: AtomicU32::new(0),
         users: AtomicUsize::new(0),
         empty_polls: AtomicU32::new(0),
+        current: std::cell::UnsafeCell::new(ffi::ibv_wc::default()),
     });
     if !channel.is_null() {
         // SAFETY: a live channel (caller).
         unsafe { fchannel(channel) }.add_cq(c as usize);
     }
-    c as *mut ffi::ibv_cq
+    c
+}
+
+/// # Safety
+/// Live context; `channel` NULL or a channel of this library.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    ctx: *mut ffi::ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ffi::ibv_comp_channel,
+    _comp_vector: c_int,
+) -> *mut ffi::ibv_cq {
+    new_cq(ctx, cqe, cq_context, channel) as *mut ffi::ibv_cq
+}
+
+/// verbs_context::create_cq_ex (ibv_create_cq_ex is inline and calls it):
+/// the standard completion fields; no timestamps, flow tags or parent domains.
+///
+/// # Safety
+/// Live context and attributes.
+pub unsafe extern "C" fn create_cq_ex(
+    ctx: *mut ffi::ibv_context,
+    attr: *mut ffi::ibv_cq_init_attr_ex,
+) -> *mut ffi::ibv_cq_ex {
+    if attr.is_null() {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    // SAFETY: readable (caller).
+    let a = unsafe { &*attr };
+    if a.wc_flags & !u64::from(ffi::IBV_WC_STANDARD_FLAGS) != 0
+        || a.comp_mask & !ffi::IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
+    {
+        set_errno(libc::EOPNOTSUPP);
+        return ptr::null_mut();
+    }
+    let Ok(cqe) = c_int::try_from(a.cqe) else {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    new_cq(ctx, cqe, a.cq_context, a.channel) as *mut ffi::ibv_cq_ex
 }
 
 /// # Safety

@@ -28,7 +28,7 @@ struct Side {
 const LEN: usize = 4096;
 
 /// Open the device of the calling thread's namespace and make a UD QP in RTS.
-unsafe fn open_side() -> Side {
+unsafe fn open_side(cq_ex: bool) -> Side {
     unsafe {
         let mut n = 0;
         let list = devices::ibv_get_device_list(&mut n);
@@ -38,7 +38,23 @@ unsafe fn open_side() -> Side {
         devices::ibv_free_device_list(list);
         let pd = resources::ibv_alloc_pd(ctx);
         let ch = channel::ibv_create_comp_channel(ctx);
-        let cq = resources::ibv_create_cq(ctx, 16, ptr::null_mut(), ch, 0);
+        let cq = if cq_ex {
+            // As the inline ibv_create_cq_ex does: through the verbs_context
+            // that precedes the ibv_context.
+            let off = std::mem::offset_of!(ffi::verbs_context, context);
+            let vctx = &*((ctx as *mut u8).sub(off) as *const ffi::verbs_context);
+            assert_eq!(vctx.sz, std::mem::size_of::<ffi::verbs_context>());
+            let mut attr = ffi::ibv_cq_init_attr_ex {
+                cqe: 16,
+                channel: ch,
+                wc_flags: u64::from(ffi::IBV_WC_STANDARD_FLAGS),
+                ..Default::default()
+            };
+            let create = vctx.create_cq_ex.expect("create_cq_ex");
+            create(ctx, &mut attr) as *mut ffi::ibv_cq
+        } else {
+            resources::ibv_create_cq(ctx, 16, ptr::null_mut(), ch, 0)
+        };
         assert!(!pd.is_null() && !ch.is_null() && !cq.is_null());
         let buf = Box::leak(vec![0u8; LEN].into_boxed_slice()).as_mut_ptr();
         let mr = resources::ibv_reg_mr(pd, buf as *mut c_void, LEN, 1);
@@ -96,16 +112,28 @@ fn readable(fd: i32, ms: i32) -> bool {
 
 #[test]
 fn channel_fd_is_pollable() {
-    if !common::can_run("channel_fd_is_pollable", &[]) {
-        return;
+    if common::can_run("channel_fd_is_pollable", &[]) {
+        exchange("cchan", false);
     }
-    let topo = common::topology("cchan");
+}
+
+/// The same with the receiving CQ made by `ibv_create_cq_ex` and read with
+/// the extended polling API (`ibv_start_poll`, `ibv_wc_read_*`).
+#[test]
+fn cq_ex_polling() {
+    if common::can_run("cq_ex_polling", &[]) {
+        exchange("ccqex", true);
+    }
+}
+
+fn exchange(tag: &str, cq_ex: bool) {
+    let topo = common::topology(tag);
     // Both namespaces name their interface veth0; each thread opens its own.
     std::env::set_var("FERROCE_DEVICE", &topo.host(0).ifname);
     std::env::set_var("FERROCE_BACKEND", common::backend());
     // SAFETY: the library's C entry points, called as a C program would.
-    let a = topo.run_in(0, || unsafe { open_side() }).unwrap();
-    let b = topo.run_in(1, || unsafe { open_side() }).unwrap();
+    let a = topo.run_in(0, || unsafe { open_side(false) }).unwrap();
+    let b = topo.run_in(1, move || unsafe { open_side(cq_ex) }).unwrap();
     let dgid = topo.host(1).ipv4.to_ipv6_mapped().octets();
     let bqpn = b.qpn;
     // B: a receive posted, the CQ armed; the fd must stay quiet.
@@ -187,12 +215,25 @@ fn channel_fd_is_pollable() {
         assert_eq!(channel::ibv_get_cq_event(ch, &mut got, &mut cctx), 0);
         assert_eq!(got as usize, b.cq);
         resources::ibv_ack_cq_events(got, 1);
-        let mut wc = ffi::ibv_wc::default();
-        let poll = (*(*got).context).ops.poll_cq.unwrap();
-        assert_eq!(poll(got, 1, &mut wc), 1);
-        assert_eq!(wc.status, ffi::IBV_WC_SUCCESS);
-        assert_eq!(wc.wr_id, 7);
-        assert_eq!(wc.byte_len, 100 + 40, "payload and the GRH area");
+        if cq_ex {
+            let cx = got as *mut ffi::ibv_cq_ex;
+            let mut pa = ffi::ibv_poll_cq_attr::default();
+            assert_eq!((*cx).start_poll.unwrap()(cx, &mut pa), 0);
+            assert_eq!((*cx).status, ffi::IBV_WC_SUCCESS);
+            assert_eq!((*cx).wr_id, 7);
+            assert_eq!((*cx).read_opcode.unwrap()(cx), ffi::IBV_WC_RECV);
+            assert_eq!((*cx).read_byte_len.unwrap()(cx), 100 + 40);
+            assert_ne!((*cx).read_wc_flags.unwrap()(cx) & ffi::IBV_WC_GRH, 0);
+            assert_eq!((*cx).next_poll.unwrap()(cx), libc::ENOENT);
+            (*cx).end_poll.unwrap()(cx);
+        } else {
+            let mut wc = ffi::ibv_wc::default();
+            let poll = (*(*got).context).ops.poll_cq.unwrap();
+            assert_eq!(poll(got, 1, &mut wc), 1);
+            assert_eq!(wc.status, ffi::IBV_WC_SUCCESS);
+            assert_eq!(wc.wr_id, 7);
+            assert_eq!(wc.byte_len, 100 + 40, "payload and the GRH area");
+        }
         assert_eq!(*((b.buf + 40) as *const u8), 0x5a);
         // Event taken: quiet again.
         assert!(
