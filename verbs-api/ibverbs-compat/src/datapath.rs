@@ -540,3 +540,57 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ffi::ibv_cq, _solicited_only: c_int)
     }
     0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferroce_stack::transport::WcStatus;
+
+    #[test]
+    fn immediate_data_keeps_its_wire_bytes() {
+        let w = WorkCompletion {
+            wr_id: 9,
+            status: WcStatus::RemAccessErr,
+            opcode: WcOpcode::RecvRdmaWithImm,
+            byte_len: 12,
+            imm_data: Some(0x0102_0304),
+            invalidated_rkey: None,
+            qp_num: 17,
+            src_qp: 0,
+            grh: true,
+            solicited: false,
+        };
+        let c = to_ibv_wc(&w);
+        assert_eq!(c.status, ffi::IBV_WC_REM_ACCESS_ERR);
+        assert_eq!(c.opcode, ffi::IBV_WC_RECV_RDMA_WITH_IMM);
+        // SAFETY: plain integers.
+        let imm = unsafe { c.__bindgen_anon_1.imm_data };
+        // __be32: the bytes in memory are the bytes on the wire (0x01020304 big-endian).
+        assert_eq!(imm.to_ne_bytes(), [1, 2, 3, 4]);
+        assert_eq!(c.wc_flags, ffi::IBV_WC_WITH_IMM | ffi::IBV_WC_GRH);
+        assert_eq!((c.wr_id, c.byte_len, c.qp_num), (9, 12, 17));
+    }
+
+    #[test]
+    fn send_opcodes_map_to_ferroce_operations() {
+        let mut w = ffi::ibv_send_wr {
+            opcode: ffi::IBV_WR_RDMA_WRITE_WITH_IMM,
+            ..Default::default()
+        };
+        w.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+            remote_addr: 0x1000,
+            rkey: 5,
+        };
+        w.__bindgen_anon_1.imm_data = u32::from_ne_bytes([1, 2, 3, 4]);
+        assert_eq!(
+            op_of(&w),
+            Some(SendOp::RdmaWriteWithImm {
+                remote_addr: 0x1000,
+                rkey: 5,
+                imm: 0x0102_0304
+            })
+        );
+        w.opcode = ffi::IBV_WR_BIND_MW;
+        assert_eq!(op_of(&w), None);
+    }
+}

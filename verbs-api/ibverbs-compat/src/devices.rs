@@ -584,3 +584,25 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
 pub unsafe extern "C" fn ibv_get_sysfs_path() -> *const c_char {
     c"/sys".as_ptr()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guid_is_the_modified_eui64_in_network_order() {
+        let g = guid_of([0x02, 0xfe, 0, 0, 0, 0x01]);
+        assert_eq!(
+            g.to_ne_bytes(),
+            [0x00, 0xfe, 0x00, 0xff, 0xfe, 0x00, 0x00, 0x01]
+        );
+    }
+
+    #[test]
+    fn mtu_enum_rounds_down_to_an_ib_mtu() {
+        assert_eq!(mtu_enum(256), ffi::IBV_MTU_256);
+        assert_eq!(mtu_enum(1024), ffi::IBV_MTU_1024);
+        assert_eq!(mtu_enum(1500), ffi::IBV_MTU_2048);
+        assert_eq!(mtu_enum(4096), ffi::IBV_MTU_4096);
+    }
+}
