@@ -114,3 +114,76 @@ fn ib_send_lat() {
         ],
     );
 }
+
+/// The library against ferroce's own `ferroce bench` (the native API) in
+/// both roles: a stock ib_write_bw server with a bench client, a bench
+/// READ server with a stock ib_read_bw client.
+#[test]
+fn against_ferroce_bench() {
+    if !can_run("against_ferroce_bench", &["ib_write_bw", "ib_read_bw"]) {
+        return;
+    }
+    let ferroce = match ferroce_interop::host::ferroce_bin() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("SKIP against_ferroce_bench: no ferroce binary: {e}");
+            return;
+        }
+    };
+    let topo = topology("cbench");
+    let be = common::backend();
+    let ferroce = ferroce.to_string_lossy().into_owned();
+    let peer = topo.host(1).ipv4.to_string();
+    let bench = |host: usize, op: &str, server: Option<&str>| {
+        let mut c = topo.command(host, &ferroce);
+        c.args([
+            "bench",
+            op,
+            "-d",
+            "veth0",
+            "--backend",
+            &be,
+            "-x",
+            "1",
+            "-s",
+            "65536",
+            "-n",
+            "500",
+        ]);
+        c.args(server);
+        c.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        c
+    };
+    let stock = |host: usize, tool: &str, server: Option<&str>| {
+        let mut args = vec!["-F", "-x", "1", "-s", "65536", "-n", "500"];
+        args.extend(server);
+        common::tool(&topo, host, tool, &args)
+    };
+    for (srv, cli) in [
+        (
+            stock(1, "ib_write_bw", None),
+            bench(0, "write", Some(&peer)),
+        ),
+        (bench(1, "read", None), stock(0, "ib_read_bw", Some(&peer))),
+    ] {
+        let (mut srv, mut cli) = (srv, cli);
+        let s = srv.spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(700));
+        let (c, ct) = common::wait(cli.spawn().unwrap(), T);
+        let (s, st) = common::wait(s, Duration::from_secs(15));
+        let text = |o: &std::process::Output| {
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        };
+        let (stext, ctext) = (text(&s), text(&c));
+        assert!(
+            !ct && !st && s.status.success() && c.status.success(),
+            "{srv:?} / {cli:?}\n--- client:\n{ctext}\n--- server:\n{stext}"
+        );
+        assert!(has_result(&ctext, "65536"), "no result row\n{ctext}");
+    }
+}
