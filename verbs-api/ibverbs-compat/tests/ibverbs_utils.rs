@@ -81,3 +81,16 @@ fn ibv_srq_pingpong() {
         }
     }
 }
+
+#[test]
+fn ibv_uc_pingpong() {
+    if !can_run("ibv_uc_pingpong", &["ibv_uc_pingpong"]) {
+        return;
+    }
+    let topo = topology("cuc");
+    let args = ["-g", "1", "-n", "200", "-s", "2048"];
+    let (s, c) = pair(&topo, "ibv_uc_pingpong", &args, T);
+    for t in [&s, &c] {
+        assert!(t.contains("200 iters in"), "{t}");
+    }
+}
