@@ -33,6 +33,11 @@ impl Context {
 }
 
 impl CompletionQueue {
+    /// The core's handle (what asynchronous events name).
+    pub fn handle(&self) -> CqHandle {
+        self.handle
+    }
+
     pub fn depth(&self) -> u32 {
         self.depth
     }

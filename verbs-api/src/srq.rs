@@ -23,6 +23,11 @@ impl<'pd> SharedReceiveQueue<'pd> {
         Ok(SharedReceiveQueue { pd, handle })
     }
 
+    /// The core's handle (what asynchronous events name).
+    pub fn handle(&self) -> SrqHandle {
+        self.handle
+    }
+
     /// Arm the limit event: an async event fires when fewer than `limit` WRs remain.
     pub fn set_limit(&self, limit: u32) -> Result<()> {
         Ok(self

@@ -234,6 +234,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
         ctx,
         dev: d,
         ifindex,
+        objects: std::sync::Mutex::new(Default::default()),
     });
     // SAFETY: just allocated.
     unsafe { ptr::addr_of_mut!((*f).vctx.context) }

@@ -39,6 +39,22 @@ pub struct FContext {
     pub ctx: Context,
     pub dev: *const FDevice,
     pub ifindex: u32,
+    /// Live CQs, QPs and SRQs (addresses), to name them in async events.
+    pub objects: Mutex<Objects>,
+}
+
+/// What asynchronous events may name.
+#[derive(Debug, Default)]
+pub struct Objects {
+    pub cqs: Vec<usize>,
+    pub qps: Vec<usize>,
+    pub srqs: Vec<usize>,
+}
+
+impl FContext {
+    pub fn objects(&self) -> std::sync::MutexGuard<'_, Objects> {
+        self.objects.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// ibv_pd.

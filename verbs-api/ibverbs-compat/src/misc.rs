@@ -152,27 +152,84 @@ pub extern "C" fn ibv_is_fork_initialized() -> c_int {
     2
 }
 
-/// Blocks until an asynchronous event; ferroce-verbs reports none, so this
-/// waits on the context's event fd (closed with the device).
+/// The next asynchronous event of the device (CQ overrun, SRQ limit, last
+/// WQE, SQ drained), as ferroce's core reports them. Blocks until one comes
+/// (looking every few milliseconds) unless the context's async_fd was made
+/// non-blocking.
 ///
 /// # Safety
 /// Live context, writable event.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_async_event(
     ctx: *mut ffi::ibv_context,
-    _event: *mut ffi::ibv_async_event,
+    event: *mut ffi::ibv_async_event,
 ) -> c_int {
-    if ctx.is_null() {
+    use ferroce_stack::transport::AsyncEvent;
+    if ctx.is_null() || event.is_null() {
+        crate::handles::set_errno(libc::EINVAL);
         return -1;
     }
-    let mut v = 0u64;
-    // SAFETY: live context; reading 8 bytes from its eventfd into v.
-    let n = unsafe { libc::read((*ctx).async_fd, &mut v as *mut u64 as *mut c_void, 8) };
-    if n < 0 {
-        return -1;
+    // SAFETY: live context (caller).
+    let f = unsafe { crate::handles::fctx(ctx) };
+    // SAFETY: our fd.
+    let nonblock = unsafe { libc::fcntl((*ctx).async_fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    loop {
+        while let Some(ev) = f.ctx.poll_async_event() {
+            let objs = f.objects();
+            let cq = |h| {
+                objs.cqs.iter().copied().find(|&p| {
+                    // SAFETY: registered CQs are live.
+                    unsafe { &*(p as *const crate::handles::FCq) }.cq.handle() == h
+                })
+            };
+            let srq = |h| {
+                objs.srqs.iter().copied().find(|&p| {
+                    // SAFETY: registered SRQs are live.
+                    unsafe { &*(p as *const crate::handles::FSrq) }.srq.handle() == h
+                })
+            };
+            let qp = |n| {
+                objs.qps.iter().copied().find(|&p| {
+                    // SAFETY: registered QPs are live.
+                    unsafe { &*(p as *const crate::handles::FQp) }.qp.qpn() == n
+                })
+            };
+            let (ty, element) = match ev {
+                AsyncEvent::CqError { cq: h } => (
+                    ffi::IBV_EVENT_CQ_ERR,
+                    cq(h).map(|p| ffi::ibv_async_event__bindgen_ty_1 { cq: p as *mut _ }),
+                ),
+                AsyncEvent::SrqLimitReached { srq: h } => (
+                    ffi::IBV_EVENT_SRQ_LIMIT_REACHED,
+                    srq(h).map(|p| ffi::ibv_async_event__bindgen_ty_1 { srq: p as *mut _ }),
+                ),
+                AsyncEvent::QpLastWqeReached { qpn, .. } => (
+                    ffi::IBV_EVENT_QP_LAST_WQE_REACHED,
+                    qp(qpn).map(|p| ffi::ibv_async_event__bindgen_ty_1 { qp: p as *mut _ }),
+                ),
+                AsyncEvent::SqDrained { qpn } => (
+                    ffi::IBV_EVENT_SQ_DRAINED,
+                    qp(qpn).map(|p| ffi::ibv_async_event__bindgen_ty_1 { qp: p as *mut _ }),
+                ),
+            };
+            // An event of an object destroyed meanwhile is dropped.
+            if let Some(element) = element {
+                // SAFETY: writable (caller).
+                unsafe {
+                    *event = ffi::ibv_async_event {
+                        element,
+                        event_type: ty,
+                    }
+                };
+                return 0;
+            }
+        }
+        if nonblock {
+            crate::handles::set_errno(libc::EAGAIN);
+            return -1;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    crate::handles::set_errno(libc::EAGAIN);
-    -1
 }
 
 #[no_mangle]

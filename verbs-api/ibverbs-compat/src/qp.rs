@@ -176,6 +176,8 @@ pub unsafe extern "C" fn create_qp_ex(
         }),
         builder: WrBuilder::default(),
     });
+    // SAFETY: live context (caller).
+    unsafe { fctx(ctx) }.objects().qps.push(f as usize);
     f as *mut ffi::ibv_qp
 }
 
@@ -347,6 +349,11 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
     }
     // SAFETY: allocated by leak() in create_qp_ex.
     let q = unsafe { Box::from_raw(qp as *mut FQp) };
+    // SAFETY: the QP's context outlives it.
+    unsafe { fctx(q.ibv.qp_base.context) }
+        .objects()
+        .qps
+        .retain(|&x| x != qp as usize);
     let (pd, scq, rcq) = (q.pd, q.send_cq, q.recv_cq);
     drop(q);
     // SAFETY: PD and CQs outlive their QPs (counted).

@@ -245,6 +245,7 @@ fn new_cq(
         // SAFETY: a live channel (caller).
         unsafe { fchannel(channel) }.add_cq(c as usize);
     }
+    f.objects().cqs.push(c as usize);
     c
 }
 
@@ -305,6 +306,11 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ffi::ibv_cq) -> c_int {
         // SAFETY: the channel outlives its CQs (rdma-core refuses to destroy it before).
         unsafe { fchannel(c.ibv.channel) }.remove_cq(cq as usize);
     }
+    // SAFETY: the CQ's context outlives it.
+    unsafe { fctx(c.ibv.context) }
+        .objects()
+        .cqs
+        .retain(|&x| x != cq as usize);
     // SAFETY: allocated by leak() in ibv_create_cq.
     drop(unsafe { Box::from_raw(cq as *mut FCq) });
     0
@@ -358,7 +364,7 @@ pub unsafe extern "C" fn ibv_create_srq(
         }
     }
     p.hold();
-    leak(FSrq {
+    let s = leak(FSrq {
         ibv: ffi::ibv_srq {
             context: p.ibv.context,
             // SAFETY: readable (caller).
@@ -371,7 +377,13 @@ pub unsafe extern "C" fn ibv_create_srq(
         max_wr: a.max_wr,
         max_sge: a.max_sge,
         limit: AtomicU32::new(a.srq_limit),
-    }) as *mut ffi::ibv_srq
+    });
+    // SAFETY: the PD's context is live.
+    unsafe { fctx(p.ibv.context) }
+        .objects()
+        .srqs
+        .push(s as usize);
+    s as *mut ffi::ibv_srq
 }
 
 /// # Safety
@@ -431,6 +443,11 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ffi::ibv_srq) -> c_int {
     }
     // SAFETY: allocated by leak() in ibv_create_srq.
     let s = unsafe { Box::from_raw(srq as *mut FSrq) };
+    // SAFETY: the SRQ's context outlives it.
+    unsafe { fctx(s.ibv.context) }
+        .objects()
+        .srqs
+        .retain(|&x| x != srq as usize);
     let pd = s.pd;
     drop(s);
     // SAFETY: the PD outlives its SRQs.
