@@ -169,7 +169,7 @@ fn against_ferroce_bench() {
     ] {
         let (mut srv, mut cli) = (srv, cli);
         let s = srv.spawn().unwrap();
-        std::thread::sleep(Duration::from_millis(700));
+        common::wait_listening(&topo, 1, common::PORT);
         let (c, ct) = common::wait(cli.spawn().unwrap(), T);
         let (s, st) = common::wait(s, Duration::from_secs(15));
         let text = |o: &std::process::Output| {

@@ -90,7 +90,15 @@ fn host_serves(lab: &RxeLab, program: &str, args: &str) -> (String, String) {
     let host = host_cmd(lab, program, &format!("{args} -p {PORT}"))
         .spawn()
         .expect("spawn on the host");
-    std::thread::sleep(Duration::from_millis(1500));
+    // The host server opens its device before it listens.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let out = lab.command("ss").arg("-Hltn").output();
+        if out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&format!(":{PORT} "))) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let v = lab
         .vm(0)
         .run_timeout(

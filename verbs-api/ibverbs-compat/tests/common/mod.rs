@@ -79,6 +79,24 @@ pub fn tool(topo: &Topology, i: usize, program: &str, args: &[&str]) -> Command 
     c
 }
 
+/// The TCP port of the tools' out-of-band exchange (their default).
+pub const PORT: u16 = 18515;
+
+/// Wait (at most 30 s) until host `i` listens on TCP `port`: a server opens
+/// its device before it listens, which takes a while on a loaded machine.
+pub fn wait_listening(topo: &Topology, i: usize, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let want = format!(":{port} ");
+    while Instant::now() < deadline {
+        let out = topo.command(i, "ss").args(["-Hltn"]).output();
+        if out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&want)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("host {i} is not listening on {port} after 30 s; trying anyway");
+}
+
 /// Wait for a child at most `t`; kill it after that.
 pub fn wait(mut child: Child, t: Duration) -> (Output, bool) {
     let deadline = Instant::now() + t;
@@ -102,8 +120,7 @@ pub fn wait(mut child: Child, t: Duration) -> (Output, bool) {
 /// Returns (server stdout+stderr, client stdout+stderr).
 pub fn pair(topo: &Topology, program: &str, args: &[&str], t: Duration) -> (String, String) {
     let server = tool(topo, 1, program, args).spawn().expect("spawn server");
-    // The server listens on TCP for the exchange before the client connects.
-    std::thread::sleep(Duration::from_millis(700));
+    wait_listening(topo, 1, PORT);
     let ip = topo.host(1).ipv4.to_string();
     let mut cargs: Vec<&str> = args.to_vec();
     cargs.push(&ip);
