@@ -45,21 +45,7 @@ impl CompletionQueue {
     /// Append up to `max` completions to `out`, oldest first; returns how
     /// many. In polling mode this also runs one engine step first.
     pub fn poll(&self, max: usize, out: &mut Vec<WorkCompletion>) -> Result<usize> {
-        let engine = &self.shared.engine;
-        if engine.mode == EngineMode::Polling {
-            engine.step_now();
-        }
-        self.shared.check_engine()?;
-        let mut inner = engine.lock();
-        let mut n = 0;
-        while n < max {
-            match inner.core.poll_cq_one(self.handle) {
-                Some(wc) => out.push(wc),
-                None => break,
-            }
-            n += 1;
-        }
-        Ok(n)
+        self.poll_each(max, |_, wc| out.push(*wc))
     }
 
     /// Hand up to `max` completions, oldest first, to `f` under one lock

@@ -35,15 +35,8 @@ impl ProtectionDomain {
         region: Box<dyn CoreRegion>,
         access: AccessFlags,
     ) -> Result<MemoryRegion<'_>> {
-        let len = region.len();
-        let iova = self.shared.alloc_iova(len);
-        let (lkey, rkey) =
-            self.shared
-                .engine
-                .lock()
-                .core
-                .reg_mr(self.handle, iova, access, region)?;
-        Ok(MemoryRegion::new(self, lkey, rkey, iova, len))
+        let iova = self.shared.alloc_iova(region.len());
+        self.reg_mr_at(region, iova, access)
     }
 
     /// Register caller-provided memory at a caller-chosen I/O virtual

@@ -257,17 +257,7 @@ impl<'pd> QueuePair<'pd> {
     /// Post send work requests and ring the doorbell once: the frames leave
     /// from this thread before the call returns (as far as the window allows).
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
-        let mut inner = self.pd.shared.engine.lock();
-        let mut result = Ok(());
-        for wr in wrs {
-            if let Err(e) = inner.core.post_send(self.qpn, wr) {
-                result = Err(e.into());
-                break;
-            }
-        }
-        let now = inner.now();
-        inner.flush_tx(now)?;
-        result
+        self.post_send_partial(wrs).1
     }
 
     /// Post send work requests, ringing the doorbell once, and say how many
@@ -306,11 +296,7 @@ impl<'pd> QueuePair<'pd> {
 
     /// Post receive work requests (stops at the first refused, like bad_wr).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        let mut inner = self.pd.shared.engine.lock();
-        for wr in wrs {
-            inner.core.post_recv(self.qpn, wr)?;
-        }
-        Ok(())
+        self.post_recv_partial(wrs).1
     }
 }
 

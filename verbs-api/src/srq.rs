@@ -54,11 +54,7 @@ impl<'pd> SharedReceiveQueue<'pd> {
     /// Post receive work requests; stops at the first the core refuses
     /// and returns its error (earlier ones stay posted, as with bad_wr).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        let mut inner = self.pd.shared.engine.lock();
-        for wr in wrs {
-            inner.core.post_srq_recv(self.handle, wr)?;
-        }
-        Ok(())
+        self.post_recv_partial(wrs).1
     }
 }
 
