@@ -11,6 +11,17 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
 fi
+# ibverbs-compat: rdma-core's headers and libclang for bindgen; its tests run Debian's ibverbs-utils
+# and perftest against the library.
+need_rdma=()
+[ -f /usr/include/infiniband/verbs.h ] || need_rdma+=(libibverbs-dev)
+ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need_rdma+=(libclang-dev)
+command -v ibv_rc_pingpong >/dev/null 2>&1 || need_rdma+=(ibverbs-utils)
+command -v ib_write_bw >/dev/null 2>&1 || need_rdma+=(perftest)
+if [ "${#need_rdma[@]}" -gt 0 ]; then
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need_rdma[@]}"
+fi
 # (A Debian-managed python3 refuses plain pip installs: PEP 668.)
 python3 -c 'import scapy.contrib.roce' 2>/dev/null || python3 -m pip install -q scapy ||
     python3 -m pip install -q --break-system-packages scapy

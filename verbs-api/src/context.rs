@@ -313,6 +313,11 @@ impl Context {
         })
     }
 
+    /// The next asynchronous event of the device (ibv_get_async_event), if any.
+    pub fn poll_async_event(&self) -> Option<ferroce_stack::transport::AsyncEvent> {
+        self.shared.engine.lock().core.poll_event()
+    }
+
     /// Run one engine step from this thread (polling mode; harmless otherwise).
     pub fn progress(&self) -> usize {
         self.shared.engine.step_now()

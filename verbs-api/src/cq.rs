@@ -33,6 +33,11 @@ impl Context {
 }
 
 impl CompletionQueue {
+    /// The core's handle (what asynchronous events name).
+    pub fn handle(&self) -> CqHandle {
+        self.handle
+    }
+
     pub fn depth(&self) -> u32 {
         self.depth
     }
@@ -40,6 +45,17 @@ impl CompletionQueue {
     /// Append up to `max` completions to `out`, oldest first; returns how
     /// many. In polling mode this also runs one engine step first.
     pub fn poll(&self, max: usize, out: &mut Vec<WorkCompletion>) -> Result<usize> {
+        self.poll_each(max, |_, wc| out.push(*wc))
+    }
+
+    /// Hand up to `max` completions, oldest first, to `f` under one lock
+    /// (no intermediate buffer); returns how many. In polling mode this also
+    /// runs one engine step first.
+    pub fn poll_each(
+        &self,
+        max: usize,
+        mut f: impl FnMut(usize, &WorkCompletion),
+    ) -> Result<usize> {
         let engine = &self.shared.engine;
         if engine.mode == EngineMode::Polling {
             engine.step_now();
@@ -49,12 +65,19 @@ impl CompletionQueue {
         let mut n = 0;
         while n < max {
             match inner.core.poll_cq_one(self.handle) {
-                Some(wc) => out.push(wc),
+                Some(wc) => f(n, &wc),
                 None => break,
             }
             n += 1;
         }
         Ok(n)
+    }
+
+    /// Run one engine step from this thread if the device is free right now
+    /// (a busy-polling application then takes its own frames instead of
+    /// waiting for a hand-off from the engine thread). True if frames moved.
+    pub fn try_progress(&self) -> bool {
+        self.shared.engine.try_step().is_some_and(|n| n > 0)
     }
 
     /// Completions waiting.
@@ -108,6 +131,43 @@ impl CompletionQueue {
                         .progress
                         .wait_timeout(inner, (deadline - now).min(Duration::from_millis(50)))
                         .unwrap_or_else(|p| p.into_inner());
+                }
+            }
+        }
+    }
+
+    /// Block until one of `cqs` (all of one device) holds a completion or
+    /// `timeout` passes: a completion channel watching several CQs.
+    pub fn wait_any(cqs: &[&CompletionQueue], timeout: Duration) -> Result<()> {
+        let Some(first) = cqs.first() else {
+            std::thread::sleep(timeout);
+            return Err(Error::Timeout(timeout, "a completion"));
+        };
+        let deadline = Instant::now() + timeout;
+        let engine = &first.shared.engine;
+        loop {
+            first.shared.check_engine()?;
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout(timeout, "a completion"));
+            }
+            let inner = engine.lock();
+            if cqs.iter().any(|c| inner.core.cq_len(c.handle) > 0) {
+                return Ok(());
+            }
+            let slice = (deadline - now).min(Duration::from_millis(50));
+            match engine.mode {
+                EngineMode::Thread => {
+                    let _unused = engine
+                        .progress
+                        .wait_timeout(inner, slice)
+                        .unwrap_or_else(|p| p.into_inner());
+                }
+                EngineMode::Polling => {
+                    drop(inner);
+                    if engine.step_now() == 0 {
+                        engine.wait_io(slice.min(Duration::from_micros(200)));
+                    }
                 }
             }
         }

@@ -35,8 +35,20 @@ impl ProtectionDomain {
         region: Box<dyn CoreRegion>,
         access: AccessFlags,
     ) -> Result<MemoryRegion<'_>> {
+        let iova = self.shared.alloc_iova(region.len());
+        self.reg_mr_at(region, iova, access)
+    }
+
+    /// Register caller-provided memory at a caller-chosen I/O virtual
+    /// address (ibv_reg_mr_iova: peers address it by the application's own
+    /// pointers, as rdma-core applications send them).
+    pub fn reg_mr_at(
+        &self,
+        region: Box<dyn CoreRegion>,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion<'_>> {
         let len = region.len();
-        let iova = self.shared.alloc_iova(len);
         let (lkey, rkey) =
             self.shared
                 .engine

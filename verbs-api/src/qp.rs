@@ -257,26 +257,46 @@ impl<'pd> QueuePair<'pd> {
     /// Post send work requests and ring the doorbell once: the frames leave
     /// from this thread before the call returns (as far as the window allows).
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        self.post_send_partial(wrs).1
+    }
+
+    /// Post send work requests, ringing the doorbell once, and say how many
+    /// the core took before the first refusal (ibv_post_send's `bad_wr`).
+    pub fn post_send_partial(&self, wrs: &[SendWr<'_>]) -> (usize, Result<()>) {
         let mut inner = self.pd.shared.engine.lock();
+        let mut posted = 0;
         let mut result = Ok(());
         for wr in wrs {
             if let Err(e) = inner.core.post_send(self.qpn, wr) {
                 result = Err(e.into());
                 break;
             }
+            posted += 1;
         }
         let now = inner.now();
-        inner.flush_tx(now)?;
-        result
+        if let Err(e) = inner.flush_tx(now) {
+            if result.is_ok() {
+                result = Err(e.into());
+            }
+        }
+        (posted, result)
+    }
+
+    /// Post receive work requests and say how many the core took before
+    /// the first refusal (ibv_post_recv's `bad_wr`).
+    pub fn post_recv_partial(&self, wrs: &[RecvWr<'_>]) -> (usize, Result<()>) {
+        let mut inner = self.pd.shared.engine.lock();
+        for (i, wr) in wrs.iter().enumerate() {
+            if let Err(e) = inner.core.post_recv(self.qpn, wr) {
+                return (i, Err(e.into()));
+            }
+        }
+        (wrs.len(), Ok(()))
     }
 
     /// Post receive work requests (stops at the first refused, like bad_wr).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        let mut inner = self.pd.shared.engine.lock();
-        for wr in wrs {
-            inner.core.post_recv(self.qpn, wr)?;
-        }
-        Ok(())
+        self.post_recv_partial(wrs).1
     }
 }
 

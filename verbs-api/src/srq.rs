@@ -23,6 +23,11 @@ impl<'pd> SharedReceiveQueue<'pd> {
         Ok(SharedReceiveQueue { pd, handle })
     }
 
+    /// The core's handle (what asynchronous events name).
+    pub fn handle(&self) -> SrqHandle {
+        self.handle
+    }
+
     /// Arm the limit event: an async event fires when fewer than `limit` WRs remain.
     pub fn set_limit(&self, limit: u32) -> Result<()> {
         Ok(self
@@ -34,14 +39,22 @@ impl<'pd> SharedReceiveQueue<'pd> {
             .modify_srq(self.handle, limit)?)
     }
 
+    /// Post receive work requests and say how many the core took before
+    /// the first refusal (ibv_post_srq_recv's `bad_wr`).
+    pub fn post_recv_partial(&self, wrs: &[RecvWr<'_>]) -> (usize, Result<()>) {
+        let mut inner = self.pd.shared.engine.lock();
+        for (i, wr) in wrs.iter().enumerate() {
+            if let Err(e) = inner.core.post_srq_recv(self.handle, wr) {
+                return (i, Err(e.into()));
+            }
+        }
+        (wrs.len(), Ok(()))
+    }
+
     /// Post receive work requests; stops at the first the core refuses
     /// and returns its error (earlier ones stay posted, as with bad_wr).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        let mut inner = self.pd.shared.engine.lock();
-        for wr in wrs {
-            inner.core.post_srq_recv(self.handle, wr)?;
-        }
-        Ok(())
+        self.post_recv_partial(wrs).1
     }
 }
 

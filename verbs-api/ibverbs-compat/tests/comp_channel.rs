@@ -1,0 +1,347 @@
+//! The completion channel's fd works with poll(2), as programs that put it
+//! in an event loop need: not readable while nothing happened, readable
+//! after a completion on an armed CQ, and `ibv_get_cq_event` then hands out
+//! that CQ. The library is called in-process (its Rust functions are the C
+//! entry points) from two network-namespace hosts exchanging a UD message.
+//! Also: `ibv_create_cq_ex` with the extended polling API, and the SRQ
+//! limit event through `ibv_get_async_event`. Needs root; skips without it.
+
+mod common;
+
+use std::ffi::c_void;
+use std::ptr;
+
+use ferroce_ibverbs_compat::{channel, devices, ffi, misc, qp, resources};
+
+/// The handles of one side, as addresses (raw pointers are not Send).
+#[derive(Clone, Copy)]
+struct Side {
+    ctx: usize,
+    pd: usize,
+    ch: usize,
+    cq: usize,
+    qp: usize,
+    mr: usize,
+    buf: usize,
+    qpn: u32,
+    srq: usize,
+}
+
+const LEN: usize = 4096;
+
+/// Open the device of the calling thread's namespace and make a UD QP in RTS.
+unsafe fn open_side(cq_ex: bool, with_srq: bool) -> Side {
+    unsafe {
+        let mut n = 0;
+        let list = devices::ibv_get_device_list(&mut n);
+        assert!(n >= 1, "no device");
+        let ctx = devices::ibv_open_device(*list);
+        assert!(!ctx.is_null(), "open");
+        devices::ibv_free_device_list(list);
+        let pd = resources::ibv_alloc_pd(ctx);
+        let ch = channel::ibv_create_comp_channel(ctx);
+        let cq = if cq_ex {
+            // As the inline ibv_create_cq_ex does: through the verbs_context
+            // that precedes the ibv_context.
+            let off = std::mem::offset_of!(ffi::verbs_context, context);
+            let vctx = &*((ctx as *mut u8).sub(off) as *const ffi::verbs_context);
+            assert_eq!(vctx.sz, std::mem::size_of::<ffi::verbs_context>());
+            let mut attr = ffi::ibv_cq_init_attr_ex {
+                cqe: 16,
+                channel: ch,
+                wc_flags: u64::from(ffi::IBV_WC_STANDARD_FLAGS),
+                ..Default::default()
+            };
+            let create = vctx.create_cq_ex.expect("create_cq_ex");
+            create(ctx, &mut attr) as *mut ffi::ibv_cq
+        } else {
+            resources::ibv_create_cq(ctx, 16, ptr::null_mut(), ch, 0)
+        };
+        assert!(!pd.is_null() && !ch.is_null() && !cq.is_null());
+        let buf = Box::leak(vec![0u8; LEN].into_boxed_slice()).as_mut_ptr();
+        let mr = resources::ibv_reg_mr(pd, buf as *mut c_void, LEN, 1);
+        assert!(!mr.is_null());
+        let srq = if with_srq {
+            let mut sa = ffi::ibv_srq_init_attr {
+                attr: ffi::ibv_srq_attr {
+                    max_wr: 8,
+                    max_sge: 1,
+                    srq_limit: 0,
+                },
+                ..Default::default()
+            };
+            resources::ibv_create_srq(pd, &mut sa)
+        } else {
+            ptr::null_mut()
+        };
+        let mut init = ffi::ibv_qp_init_attr {
+            send_cq: cq,
+            recv_cq: cq,
+            srq,
+            cap: ffi::ibv_qp_cap {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            qp_type: ffi::IBV_QPT_UD,
+            ..Default::default()
+        };
+        let q = qp::ibv_create_qp(pd, &mut init);
+        assert!(!q.is_null());
+        let mut a = ffi::ibv_qp_attr {
+            qp_state: ffi::IBV_QPS_INIT,
+            port_num: 1,
+            qkey: 0x1111_1111,
+            ..Default::default()
+        };
+        let m = ffi::IBV_QP_STATE | ffi::IBV_QP_PKEY_INDEX | ffi::IBV_QP_PORT | ffi::IBV_QP_QKEY;
+        assert_eq!(qp::ibv_modify_qp(q, &mut a, m as i32), 0);
+        a.qp_state = ffi::IBV_QPS_RTR;
+        assert_eq!(qp::ibv_modify_qp(q, &mut a, ffi::IBV_QP_STATE as i32), 0);
+        a.qp_state = ffi::IBV_QPS_RTS;
+        let m = ffi::IBV_QP_STATE | ffi::IBV_QP_SQ_PSN;
+        assert_eq!(qp::ibv_modify_qp(q, &mut a, m as i32), 0);
+        Side {
+            ctx: ctx as usize,
+            pd: pd as usize,
+            ch: ch as usize,
+            cq: cq as usize,
+            qp: q as usize,
+            mr: mr as usize,
+            buf: buf as usize,
+            qpn: (*q).qp_num,
+            srq: srq as usize,
+        }
+    }
+}
+
+fn readable(fd: i32, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd.
+    unsafe { libc::poll(&mut p, 1, ms) == 1 && p.revents & libc::POLLIN != 0 }
+}
+
+#[test]
+fn channel_fd_is_pollable() {
+    if common::can_run("channel_fd_is_pollable", &[]) {
+        exchange("cchan", false);
+    }
+}
+
+/// The same with the receiving CQ made by `ibv_create_cq_ex` and read with
+/// the extended polling API (`ibv_start_poll`, `ibv_wc_read_*`).
+#[test]
+fn cq_ex_polling() {
+    if common::can_run("cq_ex_polling", &[]) {
+        exchange("ccqex", true);
+    }
+}
+
+fn exchange(tag: &str, cq_ex: bool) {
+    let topo = common::topology(tag);
+    // Both namespaces name their interface veth0; each thread opens its own.
+    std::env::set_var("FERROCE_DEVICE", &topo.host(0).ifname);
+    std::env::set_var("FERROCE_BACKEND", common::backend());
+    // SAFETY: the library's C entry points, called as a C program would.
+    let a = topo
+        .run_in(0, || unsafe { open_side(false, false) })
+        .unwrap();
+    let b = topo
+        .run_in(1, move || unsafe { open_side(cq_ex, false) })
+        .unwrap();
+    let dgid = topo.host(1).ipv4.to_ipv6_mapped().octets();
+    let bqpn = b.qpn;
+    // B: a receive posted, the CQ armed; the fd must stay quiet.
+    // SAFETY: live handles of side B.
+    unsafe {
+        let lkey = (*(b.mr as *mut ffi::ibv_mr)).lkey;
+        let mut sge = ffi::ibv_sge {
+            addr: b.buf as u64,
+            length: LEN as u32,
+            lkey,
+        };
+        let mut wr = ffi::ibv_recv_wr {
+            wr_id: 7,
+            sg_list: &mut sge,
+            num_sge: 1,
+            ..Default::default()
+        };
+        let mut bad = ptr::null_mut();
+        let q = b.qp as *mut ffi::ibv_qp;
+        let post = (*(*q).context).ops.post_recv.unwrap();
+        assert_eq!(post(q, &mut wr, &mut bad), 0);
+        let cq = b.cq as *mut ffi::ibv_cq;
+        let arm = (*(*cq).context).ops.req_notify_cq.unwrap();
+        assert_eq!(arm(cq, 0), 0);
+    }
+    // SAFETY: B's channel is live.
+    let bfd = unsafe { (*(b.ch as *mut ffi::ibv_comp_channel)).fd };
+    assert!(!readable(bfd, 200), "readable before anything arrived");
+    // A sends 100 bytes to B (address handle made in A's namespace).
+    send(&topo, a, dgid, bqpn, 1);
+    assert!(readable(bfd, 5000), "the channel fd never became readable");
+    // SAFETY: live handles of side B.
+    unsafe {
+        let mut got: *mut ffi::ibv_cq = ptr::null_mut();
+        let mut cctx: *mut c_void = ptr::null_mut();
+        let ch = b.ch as *mut ffi::ibv_comp_channel;
+        assert_eq!(channel::ibv_get_cq_event(ch, &mut got, &mut cctx), 0);
+        assert_eq!(got as usize, b.cq);
+        resources::ibv_ack_cq_events(got, 1);
+        if cq_ex {
+            let cx = got as *mut ffi::ibv_cq_ex;
+            let mut pa = ffi::ibv_poll_cq_attr::default();
+            assert_eq!((*cx).start_poll.unwrap()(cx, &mut pa), 0);
+            assert_eq!((*cx).status, ffi::IBV_WC_SUCCESS);
+            assert_eq!((*cx).wr_id, 7);
+            assert_eq!((*cx).read_opcode.unwrap()(cx), ffi::IBV_WC_RECV);
+            assert_eq!((*cx).read_byte_len.unwrap()(cx), 100 + 40);
+            assert_ne!((*cx).read_wc_flags.unwrap()(cx) & ffi::IBV_WC_GRH, 0);
+            assert_eq!((*cx).next_poll.unwrap()(cx), libc::ENOENT);
+            (*cx).end_poll.unwrap()(cx);
+        } else {
+            let mut wc = ffi::ibv_wc::default();
+            let poll = (*(*got).context).ops.poll_cq.unwrap();
+            assert_eq!(poll(got, 1, &mut wc), 1);
+            assert_eq!(wc.status, ffi::IBV_WC_SUCCESS);
+            assert_eq!(wc.wr_id, 7);
+            assert_eq!(wc.byte_len, 100 + 40, "payload and the GRH area");
+        }
+        assert_eq!(*((b.buf + 40) as *const u8), 0x5a);
+        // Event taken: quiet again.
+        assert!(
+            !readable(bfd, 100),
+            "still readable after the event was taken"
+        );
+    }
+    let _ = (a.ctx, b.ctx);
+}
+
+/// Side A sends `count` 100-byte UD messages to B's QP.
+fn send(topo: &ferroce_nic::netns::Topology, a: Side, dgid: [u8; 16], bqpn: u32, count: u64) {
+    topo.run_in(0, move || {
+        // SAFETY: live handles of side A.
+        unsafe {
+            let pd = a.pd as *mut ffi::ibv_pd;
+            let mut ah_attr = ffi::ibv_ah_attr {
+                is_global: 1,
+                port_num: 1,
+                grh: ffi::ibv_global_route {
+                    dgid: ffi::ibv_gid { raw: dgid },
+                    sgid_index: 1,
+                    hop_limit: 64,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let ah = resources::ibv_create_ah(pd, &mut ah_attr);
+            assert!(!ah.is_null(), "create_ah");
+            std::ptr::write_bytes(a.buf as *mut u8, 0x5a, 100);
+            for i in 0..count {
+                let mut sge = ffi::ibv_sge {
+                    addr: a.buf as u64,
+                    length: 100,
+                    lkey: (*(a.mr as *mut ffi::ibv_mr)).lkey,
+                };
+                let mut wr = ffi::ibv_send_wr {
+                    wr_id: i,
+                    sg_list: &mut sge,
+                    num_sge: 1,
+                    opcode: ffi::IBV_WR_SEND,
+                    send_flags: ffi::IBV_SEND_SIGNALED,
+                    ..Default::default()
+                };
+                wr.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                    ah,
+                    remote_qpn: bqpn,
+                    remote_qkey: 0x1111_1111,
+                };
+                let mut bad = ptr::null_mut();
+                let q = a.qp as *mut ffi::ibv_qp;
+                let post = (*(*q).context).ops.post_send.unwrap();
+                assert_eq!(post(q, &mut wr, &mut bad), 0);
+            }
+        }
+    })
+    .unwrap();
+}
+
+/// An SRQ whose armed limit is crossed raises IBV_EVENT_SRQ_LIMIT_REACHED
+/// through `ibv_get_async_event`, naming the SRQ.
+#[test]
+fn srq_limit_async_event() {
+    if !common::can_run("srq_limit_async_event", &[]) {
+        return;
+    }
+    let topo = common::topology("csrql");
+    std::env::set_var("FERROCE_DEVICE", &topo.host(0).ifname);
+    std::env::set_var("FERROCE_BACKEND", common::backend());
+    // SAFETY: the library's C entry points, called as a C program would.
+    let a = topo
+        .run_in(0, || unsafe { open_side(false, false) })
+        .unwrap();
+    let b = topo
+        .run_in(1, || unsafe { open_side(false, true) })
+        .unwrap();
+    assert_ne!(b.srq, 0, "create_srq");
+    // SAFETY: live handles of side B.
+    unsafe {
+        let srq = b.srq as *mut ffi::ibv_srq;
+        let lkey = (*(b.mr as *mut ffi::ibv_mr)).lkey;
+        for i in 0..3u64 {
+            let mut sge = ffi::ibv_sge {
+                addr: b.buf as u64 + i * 1024,
+                length: 1024,
+                lkey,
+            };
+            let mut wr = ffi::ibv_recv_wr {
+                wr_id: i,
+                sg_list: &mut sge,
+                num_sge: 1,
+                ..Default::default()
+            };
+            let mut bad = ptr::null_mut();
+            let post = (*(*srq).context).ops.post_srq_recv.unwrap();
+            assert_eq!(post(srq, &mut wr, &mut bad), 0);
+        }
+        let mut attr = ffi::ibv_srq_attr {
+            srq_limit: 2,
+            ..Default::default()
+        };
+        assert_eq!(
+            resources::ibv_modify_srq(srq, &mut attr, ffi::IBV_SRQ_LIMIT as i32),
+            0
+        );
+        // Nothing yet: non-blocking returns EAGAIN.
+        let ctx = b.ctx as *mut ffi::ibv_context;
+        let fd = (*ctx).async_fd;
+        libc::fcntl(
+            fd,
+            libc::F_SETFL,
+            libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK,
+        );
+        let mut ev = ffi::ibv_async_event::default();
+        assert_eq!(misc::ibv_get_async_event(ctx, &mut ev), -1);
+    }
+    let dgid = topo.host(1).ipv4.to_ipv6_mapped().octets();
+    send(&topo, a, dgid, b.qpn, 2);
+    // SAFETY: live handles of side B.
+    unsafe {
+        let ctx = b.ctx as *mut ffi::ibv_context;
+        let mut ev = ffi::ibv_async_event::default();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while misc::ibv_get_async_event(ctx, &mut ev) != 0 {
+            assert!(std::time::Instant::now() < deadline, "no SRQ limit event");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(ev.event_type, ffi::IBV_EVENT_SRQ_LIMIT_REACHED);
+        assert_eq!(ev.element.srq as usize, b.srq);
+        misc::ibv_ack_async_event(&mut ev);
+    }
+}
