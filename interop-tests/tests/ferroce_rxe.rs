@@ -643,19 +643,11 @@ fn both_roles(case: Case) -> [Case; 2] {
 // passes is reported so the entry can go.
 
 /// The known ferroce bug behind a failing case, if any.
-const BUG_WRITE_LAT: &str = "known ferroce bug: `ferroce bench write --lat` runs a WRITE \
-    ping-pong (each side writes the iteration number into the last byte of the peer's receive \
-    area and polls its own), but not yet with ib_write_lat's buffer layout: neither side sees \
-    the other's writes where it polls, and both time out";
-
 fn known_bug(case: &Case) -> Option<&'static str> {
     if case.params.contains("backend udp") && case.params.contains("IPv4") {
         return Some(BUG_UDP_IPV4_ICRC);
     }
-    match case.tool {
-        "ib_write_lat" => Some(BUG_WRITE_LAT),
-        _ => None,
-    }
+    None
 }
 
 const BUG_UDP_IPV4_ICRC: &str = "known ferroce bug: over IPv4 the UDP backend computes the ICRC \

@@ -248,7 +248,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     let params = PerftestParams {
         version: VERSION.to_string(),
         mtu: mtu_enum(mtu),
-        extra_rounds_before: u8::from(a.lat && matches!(a.test, Test::Send | Test::Read)),
+        extra_rounds_before: u8::from(a.lat && a.test != Test::Atomic),
         extra_rounds_after: u8::from(!a.lat && a.test == Test::Send),
         ..PerftestParams::default()
     };
@@ -372,7 +372,11 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             ..BwReport::default()
         };
     }
-    if a.lat || a.test == Test::Send {
+    if write_lat {
+        // ib_write_lat just closes its socket after the run (no closing
+        // hand-shake, no "done"; seen on the wire).
+        drop(session);
+    } else if a.lat || a.test == Test::Send {
         session.finish().map_err(|e| e.to_string())?;
     } else {
         let theirs = session.finish_bw(&last_report).map_err(|e| e.to_string())?;
@@ -427,7 +431,7 @@ fn run_client(
     if a.lat {
         let res = match p.op {
             PerfOp::Send => perf::send_lat(&e0.qp, &e0.cq, mr, p, true),
-            PerfOp::Write => perf::write_lat(&e0.qp, &e0.cq, mr, &remotes[0], p, true, per_qp / 2),
+            PerfOp::Write => perf::write_lat(&e0.qp, &e0.cq, mr, &remotes[0], p, false, per_qp / 2),
             _ => perf::op_lat(&e0.qp, &e0.cq, mr, &remotes[0], p),
         }
         .map_err(|e| e.to_string())?;
@@ -539,7 +543,7 @@ fn run_server(
     let e0 = &ends[0];
     match (p.op, a.lat) {
         (PerfOp::Write, true) => {
-            let res = perf::write_lat(&e0.qp, &e0.cq, mr, &remotes[0], p, false, per_qp / 2)
+            let res = perf::write_lat(&e0.qp, &e0.cq, mr, &remotes[0], p, true, per_qp / 2)
                 .map_err(|e| e.to_string())?;
             Ok(Some((
                 res,
