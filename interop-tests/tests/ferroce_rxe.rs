@@ -642,21 +642,11 @@ fn both_roles(case: Case) -> [Case; 2] {
 // (with the bug) but do not fail the test unless FERROCE_INTEROP_STRICT=1; a known case that
 // passes is reported so the entry can go.
 
-/// The known ferroce bug behind a failing case, if any.
-fn known_bug(case: &Case) -> Option<&'static str> {
-    if case.params.contains("backend udp") && case.params.contains("IPv4") {
-        return Some(BUG_UDP_IPV4_ICRC);
-    }
+/// The known ferroce bug behind a failing case, if any (none at present: the UDP backend's
+/// IPv4 ICRC and `ib_write_lat` were the last).
+fn known_bug(_case: &Case) -> Option<&'static str> {
     None
 }
-
-const BUG_UDP_IPV4_ICRC: &str = "known ferroce bug: over IPv4 the UDP backend computes the ICRC \
-    of what it sends over an IPv4 header with Identification 0, but the kernel put a non-zero IP \
-    ID on the wire (seen: 0x5de0, DF set, sport 4791: the wire ICRC matches only ID 0), so rxe \
-    drops every frame as a bad ICRC; and on receive it cannot see the IP ID rxe sets, so it drops \
-    rxe's frames (a limit of a UDP socket, documented in the top README and \
-    nic-drivers/src/udp.rs). IPv6 is unaffected \
-    but the tools give the UDP backend no IPv6 GID";
 
 fn strict() -> bool {
     std::env::var_os("FERROCE_INTEROP_STRICT").is_some_and(|v| v != "0")
@@ -1310,9 +1300,9 @@ fn backends_interop() {
                 params: "backend udp, IPv6 GID".into(),
                 verdict: Verdict::Unsupported,
                 seconds: 0.0,
-                note: "the ferroce tools bind the UDP backend to the interface's IPv4 address \
-                       only (verbs-api/src/bin/ferroce/common.rs `udp_bind`), so its GID table \
-                       has no IPv6 GID"
+                note: "the ferroce tools bind the UDP backend to the interface's first IPv4 \
+                       address (verbs-api/src/device.rs `open_io`; a socket bound to one \
+                       address sends from it only), so its GID table has no IPv6 GID"
                     .into(),
             });
         }
@@ -1360,11 +1350,7 @@ fn backends_interop() {
             &[0x06, 0x07, 0x08, 0x11],
         )
         .timeout(60);
-        // Over UDP/IPv4 the WRITE run fails like the ping-pong (known bug) but only after the
-        // full time-out: not worth a minute.
-        if backend != "udp" {
-            rows.push(judge(&mut env, &wr, perftest_extra));
-        }
+        rows.push(judge(&mut env, &wr, perftest_extra));
         rows.push(ping_while_attached(&env, backend));
     }
     env.backend = "afpacket, afxdp, udp".into();
@@ -1409,35 +1395,23 @@ fn ping_while_attached(env: &Env, backend: &str) -> Row {
                 let p4 = ping(false, env.vm().ip().to_string());
                 let p6 = ping(true, env.vm().ipv6().to_string());
                 let word = |b: bool| if b { "ok" } else { "FAILED" };
-                if backend == "udp" {
-                    // The ping-pong would fail on the known UDP/IPv4 ICRC bug; the pings are
-                    // the point here.
-                    drop(job);
-                    ok = p4 && p6;
-                    note = format!(
-                        "ping {} / ping -6 {} while ferroce's UDP socket is bound",
-                        word(p4),
-                        word(p6)
-                    );
-                } else {
-                    let client = env.vm().run_timeout(
-                        &format!(
-                            "ibv_rc_pingpong -g 1 -m 1024 -s 64 -n 3 {}",
-                            env.lab.host_ipv4()
-                        ),
-                        Duration::from_secs(30),
-                    );
-                    let client_ok = client.as_ref().is_ok_and(Output::success);
-                    let server = job.wait_timeout(Duration::from_secs(20));
-                    let pp = client_ok && server.success();
-                    ok = p4 && p6 && pp;
-                    note = format!(
-                        "ping {} / ping -6 {} while attached; the ping-pong then {}",
-                        word(p4),
-                        word(p6),
-                        word(pp)
-                    );
-                }
+                let client = env.vm().run_timeout(
+                    &format!(
+                        "ibv_rc_pingpong -g 1 -m 1024 -s 64 -n 3 {}",
+                        env.lab.host_ipv4()
+                    ),
+                    Duration::from_secs(30),
+                );
+                let client_ok = client.as_ref().is_ok_and(Output::success);
+                let server = job.wait_timeout(Duration::from_secs(20));
+                let pp = client_ok && server.success();
+                ok = p4 && p6 && pp;
+                note = format!(
+                    "ping {} / ping -6 {} while attached; the ping-pong then {}",
+                    word(p4),
+                    word(p6),
+                    word(pp)
+                );
             }
         }
         Err(e) => note = format!("spawn ferroce: {e}"),
