@@ -8,7 +8,7 @@
 //! `ip_select_ident_segs`: DF set and not `ignore_df`), and the segments of one UDP GSO send carry
 //! IDs 0, 1, 2, ... (`inet_gso_segment` numbers them from the super-packet's ID); both seen with
 //! tcpdump on a veth with software segmentation. So segment `k` of a send is given ID `k` and its
-//! ICRC is computed over that ([`set_id`]). Without `IP_PMTUDISC_DO` (the default
+//! ICRC is computed over that ([`IdRecovery::set_id`]). Without `IP_PMTUDISC_DO` (the default
 //! `IP_PMTUDISC_WANT` sets `ignore_df`) the kernel takes IDs from a shared hashed counter.
 //!
 //! Receive: the ICRC is a CRC-32, affine in the message, so for a frame of a given length
@@ -58,29 +58,19 @@ mod icrc {
     }
 }
 
-/// Sets the IPv4 Identification of the RoCE packet `l3` (IPv4 header to the end of the ICRC) to
-/// `id`, with its header checksum and ICRC to match. `false` if `l3` is not such a packet.
-pub fn set_id(l3: &mut [u8], id: u16) -> bool {
-    if !is_plain_ipv4(l3) || l3.len() < IPV4_HLEN + icrc::ICRC_LEN {
-        return false;
-    }
-    write_id(l3, id);
-    let end = l3.len() - icrc::ICRC_LEN;
-    let Some(crc) = icrc::compute(&l3[..end], false) else {
-        return false;
-    };
-    l3[end..].copy_from_slice(&crc.to_le_bytes());
-    true
-}
-
 /// The Identification of an IPv4 header.
 pub fn id_of(l3: &[u8]) -> Option<u16> {
     l3.get(ID_AT..ID_AT + 2)
         .map(|b| u16::from_be_bytes([b[0], b[1]]))
 }
 
+/// An IPv4 header without options followed by UDP and something shaped like a BTH: an opcode
+/// of a defined transport (below 0xC0, the manufacturer-specific range) and transport header
+/// version 0. Other payloads (tests push arbitrary ones through the backend) are left alone.
 fn is_plain_ipv4(l3: &[u8]) -> bool {
     l3.first() == Some(&0x45)
+        && l3.get(IPV4_HLEN + 8).is_some_and(|op| *op < 0xc0)
+        && l3.get(IPV4_HLEN + 8 + 1).is_some_and(|b| b & 0x0f == 0)
 }
 
 /// Writes `id` and recomputes the header checksum.
@@ -96,6 +86,7 @@ fn write_id(l3: &mut [u8], id: u16) {
 #[derive(Debug, Clone)]
 struct Solver {
     len: usize,
+    cols: [u32; 16],
     basis: Vec<(u32, u16, u32)>,
 }
 
@@ -115,7 +106,16 @@ impl Solver {
                 basis.push((v, m, 1 << (31 - v.leading_zeros())));
             }
         }
-        Solver { len, basis }
+        Solver { len, cols, basis }
+    }
+
+    /// `L(x)`: how the ICRC changes when the ID changes by `x` (xor).
+    fn delta(&self, x: u16) -> u32 {
+        self.cols
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| x & (1 << j) != 0)
+            .fold(0, |acc, (_, c)| acc ^ c)
     }
 
     /// The ID bits `m` with `L(m) = s`, if any.
@@ -143,6 +143,39 @@ pub struct IdRecovery {
 }
 
 impl IdRecovery {
+    /// Gives the RoCE packet `l3` (IPv4 header to the end of the ICRC) the Identification `id`,
+    /// with its header checksum and ICRC to match. Only a packet whose ICRC is right for its
+    /// current ID is changed (so a payload that merely looks like RoCE is left alone); returns
+    /// whether it was.
+    pub fn set_id(&mut self, l3: &mut [u8], id: u16) -> bool {
+        if !is_plain_ipv4(l3) || l3.len() < IPV4_HLEN + icrc::ICRC_LEN {
+            return false;
+        }
+        let Some(cur) = id_of(l3) else {
+            return false;
+        };
+        let end = l3.len() - icrc::ICRC_LEN;
+        let mut rx = [0u8; 4];
+        rx.copy_from_slice(&l3[end..]);
+        let stored = u32::from_le_bytes(rx);
+        let Some(now) = icrc::compute(&l3[..end], false) else {
+            return false;
+        };
+        if now != stored {
+            return false;
+        }
+        if cur == id {
+            return true;
+        }
+        let Some(solver) = self.solver(l3, end) else {
+            return false;
+        };
+        let crc = stored ^ solver.delta(cur ^ id);
+        write_id(l3, id);
+        l3[end..].copy_from_slice(&crc.to_le_bytes());
+        true
+    }
+
     /// `l3` (IPv4 header to the end of the ICRC) arrived with its Identification unknown and
     /// set to 0: finds the ID that makes the ICRC right and writes it (with the header checksum).
     pub fn fix(&mut self, l3: &mut [u8]) {
@@ -159,8 +192,10 @@ impl IdRecovery {
         if at_zero == received {
             return;
         }
-        let solver = self.solver(l3, end, at_zero);
-        match solver.and_then(|s| s.solve(received ^ at_zero)) {
+        match self
+            .solver(l3, end)
+            .and_then(|s| s.solve(received ^ at_zero))
+        {
             Some(id) => {
                 write_id(l3, id);
                 self.recovered += 1;
@@ -169,19 +204,27 @@ impl IdRecovery {
         }
     }
 
-    fn solver(&mut self, l3: &mut [u8], end: usize, at_zero: u32) -> Option<&Solver> {
+    /// The solver for packets of `l3`'s length (built from `l3` itself: the columns do not
+    /// depend on the contents; its ID bytes are restored).
+    fn solver(&mut self, l3: &mut [u8], end: usize) -> Option<&Solver> {
         if let Some(i) = self.solvers.iter().position(|s| s.len == end) {
             // Most recently used first.
             let s = self.solvers.remove(i);
             self.solvers.insert(0, s);
             return self.solvers.first();
         }
+        let saved = [l3[ID_AT], l3[ID_AT + 1]];
+        let mut crc_with = |id: u16| {
+            l3[ID_AT..ID_AT + 2].copy_from_slice(&id.to_be_bytes());
+            icrc::compute(&l3[..end], false)
+        };
+        let zero = crc_with(0);
         let mut cols = [0u32; 16];
         for (j, c) in cols.iter_mut().enumerate() {
-            l3[ID_AT..ID_AT + 2].copy_from_slice(&(1u16 << j).to_be_bytes());
-            *c = icrc::compute(&l3[..end], false)? ^ at_zero;
+            *c = crc_with(1 << j).zip(zero).map_or(0, |(a, z)| a ^ z);
         }
-        l3[ID_AT..ID_AT + 2].fill(0);
+        l3[ID_AT..ID_AT + 2].copy_from_slice(&saved);
+        zero?;
         self.solvers.insert(0, Solver::new(end, cols));
         self.solvers.truncate(CACHE);
         self.solvers.first()
@@ -202,7 +245,12 @@ mod tests {
             .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
             .collect();
         p.extend_from_slice(&[0; 4]);
-        assert!(set_id(&mut p, id));
+        let end = p.len() - 4;
+        let crc = icrc::compute(&p[..end], false).unwrap();
+        p[end..].copy_from_slice(&crc.to_le_bytes());
+        assert!(IdRecovery::default().set_id(&mut p, id));
+        let crc = icrc::compute(&p[..end], false).unwrap();
+        assert_eq!(p[end..], crc.to_le_bytes(), "set_id keeps the ICRC right");
         p
     }
 
@@ -254,9 +302,19 @@ mod tests {
     }
 
     #[test]
-    fn set_id_rejects_non_ipv4() {
+    fn set_id_rejects_non_ipv4_and_non_roce() {
+        let mut r = IdRecovery::default();
         let mut v6 = vec![0x60u8; 80];
-        assert!(!set_id(&mut v6, 1));
+        assert!(!r.set_id(&mut v6, 1));
+        let mut other = packet(0);
+        other[28] = 0xf0;
+        assert!(!r.set_id(&mut other, 1));
+        // Looks like RoCE, but its ICRC is not one: left alone.
+        let mut fake = packet(0);
+        fake[50] ^= 1;
+        let before = fake.clone();
+        assert!(!r.set_id(&mut fake, 3));
+        assert_eq!(fake, before);
         assert_eq!(id_of(&packet(7)), Some(7));
     }
 }

@@ -300,6 +300,8 @@ impl UdpIo {
             "IP_MTU_DISCOVER",
         );
         if !v6 {
+            // (Not SO_NO_CHECK, though rxe sends UDP checksum 0: the kernel refuses GSO sends
+            // without a checksum.)
             r?;
         }
         // Kernel drop counter (cumulative) on every receive.
@@ -746,7 +748,7 @@ impl PacketIo for UdpIo {
                 if let Some(l3) = info.payload_offset.checked_sub(IPV4_UDP_HLEN) {
                     let pkt = &mut self.scratch[l3..info.payload_offset + plen];
                     if ipv4_id::id_of(pkt) != Some(k as u16) {
-                        ipv4_id::set_id(pkt, k as u16);
+                        self.ids.set_id(pkt, k as u16);
                     }
                 }
             }
