@@ -4,10 +4,12 @@
 //! `send_lat` at 8 B, plus ferroce on the host ⇄ rxe in a VM. Under TCG absolute figures are
 //! low; the ratios against rxe ⇄ rxe measured in the same run are the result.
 //!
-//! Order of a run: rxe ⇄ rxe and ferroce(host) ⇄ rxe first; then `rmmod rdma_rxe` in both VMs
-//! (rxe holds UDP port 4791 in the kernel, which ferroce's UDP backend needs, and with rxe loaded
-//! every RoCE frame ferroce receives through AF_PACKET is also run through rxe's receive path,
-//! a cost rxe ⇄ rxe does not pay), then ferroce ⇄ ferroce per backend.
+//! A run is `repeat` rounds, each: rxe ⇄ rxe and ferroce(host) ⇄ rxe; then `rmmod rdma_rxe` in
+//! both VMs (rxe holds UDP port 4791 in the kernel, which ferroce's UDP backend needs, and with
+//! rxe loaded every RoCE frame ferroce receives through AF_PACKET also runs through rxe's receive
+//! path, a cost rxe ⇄ rxe does not pay) and ferroce ⇄ ferroce per backend; rxe is loaded again
+//! for the next round. The best figure of each pair counts, so both sides get the same chances
+//! under the host's changing load.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -22,6 +24,8 @@ const PORT: u16 = 18515;
 const VM_FERROCE: &str = "/mnt/host/ferroce";
 /// Each client run is killed after this.
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+/// The baseline pair.
+const RXE_PAIR: &str = "rxe ⇄ rxe";
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -138,44 +142,51 @@ pub fn run(o: &SpeedOptions) -> Result<String> {
     std::fs::create_dir_all(&o.dir)
         .map_err(|e| Error::io(format!("creating {}", o.dir.display()), e))?;
     let (srv, cli) = (lab.vm(0), lab.vm(1));
-    let mut figures = Vec::new();
-    let mut measure = |test: Test, pair: String, f: &mut dyn FnMut() -> Result<Output>| {
-        let mut best: Option<f64> = None;
-        let mut note = String::new();
-        for _ in 0..o.repeat {
-            match f() {
-                Ok(out) => match parse_result(&out.stdout_str(), test.is_lat()) {
-                    Some(v) if out.success() => {
-                        if best.is_none_or(|b| test.better(v, b)) {
-                            best = Some(v);
-                        }
-                    }
-                    _ => note = format!("status {}: {}", out.status, last_lines(&out, 3)),
-                },
-                Err(e) => note = first_line(&e.to_string()),
+    // Samples per (test, pair), best kept; rounds alternate rxe and ferroce so both see the
+    // same host load (other builds come and go on the two host cores).
+    let mut figures: Vec<Figure> = Vec::new();
+    let mut record = |test: Test, pair: &str, out: Result<Output>| {
+        let idx = match figures
+            .iter()
+            .position(|f| f.test == test && f.pair == pair)
+        {
+            Some(i) => i,
+            None => {
+                figures.push(Figure {
+                    test,
+                    pair: pair.to_owned(),
+                    value: None,
+                    note: String::new(),
+                });
+                figures.len() - 1
+            }
+        };
+        let f = &mut figures[idx];
+        let got = match out {
+            Ok(out) => match parse_result(&out.stdout_str(), test.is_lat()) {
+                Some(v) if out.success() => Some(v),
+                _ => {
+                    f.note = format!("status {}: {}", out.status, last_lines(&out, 3));
+                    None
+                }
+            },
+            Err(e) => {
+                f.note = first_line(&e.to_string());
+                None
+            }
+        };
+        if let Some(v) = got {
+            if f.value.is_none_or(|b| test.better(v, b)) {
+                f.value = Some(v);
             }
         }
         eprintln!(
-            "speed: {:<16} {:<34} {}",
+            "speed: {:<16} {:<30} {}",
             test.label(),
             pair,
-            best.map_or(format!("failed: {note}"), |v| format!("{v:.2}"))
+            got.map_or(format!("failed: {}", f.note), |v| format!("{v:.2}"))
         );
-        figures.push(Figure {
-            test,
-            pair,
-            value: best,
-            note,
-        });
     };
-
-    // rxe ⇄ rxe, then ferroce on the host against rxe (both roles).
-    for t in Test::ALL {
-        let args = perftest_args(t, o);
-        measure(t, "rxe ⇄ rxe".into(), &mut || {
-            vm_pair(srv, cli, &format!("{} {args}", t.perftest()))
-        });
-    }
     let host_args = |t: Test| {
         format!(
             "bench {} -d {} --backend afpacket -s {} -n {}",
@@ -185,65 +196,91 @@ pub fn run(o: &SpeedOptions) -> Result<String> {
             t.iters(o)
         )
     };
-    for t in Test::ALL {
-        measure(t, "ferroce (host) → rxe (VM)".into(), &mut || {
-            let server = srv.spawn(&format!("{} {}", t.perftest(), perftest_args(t, o)))?;
-            srv.wait_listening(PORT, Duration::from_secs(30))?;
-            let mut cmd = lab.command(&o.ferroce);
-            cmd.args(host_args(t).split_whitespace())
-                .arg(srv.ip().to_string());
-            let out = HostJob::spawn(cmd, &o.dir, "host-client")?.wait_timeout(RUN_TIMEOUT);
-            let _ = server.wait_timeout(Duration::from_secs(30));
-            Ok(out)
-        });
-        measure(t, "rxe (VM) → ferroce (host)".into(), &mut || {
-            let mut cmd = lab.command(&o.ferroce);
-            cmd.args(host_args(t).split_whitespace());
-            let mut server = HostJob::spawn(cmd, &o.dir, "host-server")?;
-            server.wait_listening(PORT, Duration::from_secs(30))?;
-            let out = srv.run_timeout(
-                &format!(
-                    "{} {} {}",
-                    t.perftest(),
-                    perftest_args(t, o),
-                    lab.host_ipv4()
-                ),
-                RUN_TIMEOUT,
-            )?;
-            let _ = server.wait_timeout(Duration::from_secs(30));
-            Ok(out)
-        });
-    }
-
-    // ferroce ⇄ ferroce inside the same VMs, rxe unloaded.
-    for vm in [srv, cli] {
-        vm.run_ok("rdma link delete rxe0 2>/dev/null; rmmod rdma_rxe")?;
-    }
-    for backend in &o.backends {
+    for round in 0..o.repeat {
+        eprintln!("speed: round {} of {}", round + 1, o.repeat);
+        if round > 0 {
+            for vm in [srv, cli] {
+                load_rxe(vm)?;
+            }
+        }
+        // rxe ⇄ rxe, and ferroce on the host against rxe in both roles.
         for t in Test::ALL {
-            let base = format!(
-                "{VM_FERROCE} bench {} -d eth0 --backend {backend} -s {} -n {}",
-                t.ferroce(),
-                t.size(),
-                t.iters(o)
-            );
-            // The measuring side drives its engine itself (no hand-off between threads on the
-            // VM's one CPU); a passive WRITE target needs its engine thread.
-            let server = if t.is_lat() {
-                format!("{base} --busy-poll")
-            } else {
-                base.clone()
-            };
-            let client = format!("{base} --busy-poll {}", srv.ip());
-            measure(t, format!("ferroce ⇄ ferroce ({backend})"), &mut || {
-                vm_pair_cmds(srv, cli, &server, &client)
-            });
+            let cmd = format!("{} {}", t.perftest(), perftest_args(t, o));
+            record(t, RXE_PAIR, vm_pair(srv, cli, &cmd));
+        }
+        for t in Test::ALL {
+            let out = (|| {
+                let server = srv.spawn(&format!("{} {}", t.perftest(), perftest_args(t, o)))?;
+                srv.wait_listening(PORT, Duration::from_secs(30))?;
+                let mut cmd = lab.command(&o.ferroce);
+                cmd.args(host_args(t).split_whitespace())
+                    .arg(srv.ip().to_string());
+                let out = HostJob::spawn(cmd, &o.dir, "host-client")?.wait_timeout(RUN_TIMEOUT);
+                let _ = server.wait_timeout(Duration::from_secs(30));
+                Ok(out)
+            })();
+            record(t, "ferroce (host) → rxe (VM)", out);
+            let out = (|| {
+                let mut cmd = lab.command(&o.ferroce);
+                cmd.args(host_args(t).split_whitespace());
+                let mut server = HostJob::spawn(cmd, &o.dir, "host-server")?;
+                server.wait_listening(PORT, Duration::from_secs(30))?;
+                let out = srv.run_timeout(
+                    &format!(
+                        "{} {} {}",
+                        t.perftest(),
+                        perftest_args(t, o),
+                        lab.host_ipv4()
+                    ),
+                    RUN_TIMEOUT,
+                )?;
+                let _ = server.wait_timeout(Duration::from_secs(30));
+                Ok(out)
+            })();
+            record(t, "rxe (VM) → ferroce (host)", out);
+        }
+        // ferroce ⇄ ferroce inside the same VMs, rxe unloaded.
+        for vm in [srv, cli] {
+            vm.run_ok("rdma link delete rxe0 2>/dev/null; rmmod rdma_rxe")?;
+        }
+        for backend in &o.backends {
+            for t in Test::ALL {
+                let base = format!(
+                    "{VM_FERROCE} bench {} -d eth0 --backend {backend} -s {} -n {}",
+                    t.ferroce(),
+                    t.size(),
+                    t.iters(o)
+                );
+                // A bandwidth client drives its engine itself (no hand-off between threads on
+                // the VM's one CPU); latency runs block between packets (spinning on both
+                // sides starves the other VM when the host cores are contended).
+                let client = if t.is_lat() {
+                    format!("{base} {}", srv.ip())
+                } else {
+                    format!("{base} --busy-poll {}", srv.ip())
+                };
+                let pair = format!("ferroce ⇄ ferroce ({backend})");
+                record(t, &pair, vm_pair_cmds(srv, cli, &base, &client));
+            }
         }
     }
 
     let load_after = loadavg();
     let report = render(o, &figures, started.elapsed(), &load_before, &load_after);
     Ok(report)
+}
+
+/// Loads rxe again after an `rmmod` (its dependencies stayed) and waits for rxe0's IPv4 GID.
+fn load_rxe(vm: &RxeVm) -> Result<()> {
+    vm.run_ok(
+        "insmod /lib/modules/rdma_rxe.ko && rdma link add rxe0 type rxe netdev eth0 && \
+         i=0; while [ $i -lt 200 ] && ! grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state \
+         2>/dev/null; do usleep 50000; i=$((i+1)); done; \
+         while [ $i -lt 200 ] && grep -q '^0000:0000:0000:0000:0000:0000:0000:0000$' \
+         /sys/class/infiniband/rxe0/ports/1/gids/1 2>/dev/null; do usleep 50000; i=$((i+1)); done; \
+         [ $i -lt 200 ]",
+    )
+    .map(drop)
 }
 
 fn perftest_args(t: Test, o: &SpeedOptions) -> String {
@@ -287,10 +324,10 @@ fn render(
         "Generated by `cargo run -p ferroce-interop -- speed` (one run, {:.0} s). Two VMs on one \
          bridge, QEMU TCG, 1 vCPU each (`-cpu {}`), virtio-net MTU 9000, RoCE MTU 4096, IPv4 GIDs. \
          rxe ⇄ rxe: perftest 4.5 (`-x 1 -F`); ferroce ⇄ ferroce: the same `ferroce` binary as on \
-         the host, run inside the same VMs (`bench ... -d eth0 --busy-poll` on the measuring \
-         side) after `rmmod rdma_rxe`; ferroce (host): `ferroce bench` on `veth-h` \
+         the host, run inside the same VMs (`bench ... -d eth0`, `--busy-poll` on the bandwidth \
+         client) after `rmmod rdma_rxe`; ferroce (host): `ferroce bench` on `veth-h` \
          (AF_PACKET). Bandwidth: the client's BW average (MB/s); latency: t_typical (µs, half \
-         the round trip). Best of {} runs each. Iterations: {} × 64 KiB, {} × 1 MiB, {} × 8 B. \
+         the round trip). Best of {} rounds, each running every pair in turn (rxe reloaded between rounds). Iterations: {} × 64 KiB, {} × 1 MiB, {} × 8 B. \
          Host load average before/after: {} / {} (2 host cores shared with other builds: \
          figures are noisy, compare within the run). Under TCG both stacks run emulated, so the \
          ratio measures instructions executed per byte/packet, not what hardware would show.\n",
@@ -312,7 +349,7 @@ fn render(
     for t in Test::ALL {
         let base = figures
             .iter()
-            .find(|f| f.test == t && f.pair == "rxe ⇄ rxe")
+            .find(|f| f.test == t && f.pair == RXE_PAIR)
             .and_then(|f| f.value);
         for f in figures.iter().filter(|f| f.test == t) {
             let unit = if t.is_lat() { "µs" } else { "MB/s" };
