@@ -40,9 +40,10 @@ impl Capture {
         cmd.args(["netns", "exec", netns, "tcpdump", "-i", iface])
             .args([
                 "-n",
-                // 32 MiB of kernel buffer: bursts of 8 QPs under load overran the default 2 MiB.
+                // 128 MiB of kernel buffer: bursts of 8 QPs under load overran the default 2 MiB,
+                // and an `-a` WRITE run (~80 MB in seconds) overran 32 MiB.
                 "-B",
-                "32768",
+                "131072",
                 "-s",
                 "0",
                 "-U",
