@@ -200,6 +200,18 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             ConnectOptions::default().access,
         )
         .map_err(|e| format!("Couldn't register MR: {e}"))?;
+    // Buffers hold the check pattern before anything moves (a ferroce peer
+    // READing from us, or checking what it wrote, relies on it), and before
+    // the exchange ends: the peer may write as soon as it does.
+    perf::fill_pattern(&mr, 0, mr.len(), PATTERN_SEED).map_err(|e| e.to_string())?;
+    let write_lat = a.lat && a.test == Test::Write;
+    if write_lat {
+        // The WRITE ping-pong polls its receive halves for 1, 2, ...: no stale match.
+        for q in 0..u64::from(a.qps) {
+            mr.write(q * per_qp + per_qp / 2, &vec![0; (per_qp / 2) as usize])
+                .map_err(|e| e.to_string())?;
+        }
+    }
     let gid_index = a
         .gid_index
         .unwrap_or_else(|| common::default_gid_index(&ctx));
@@ -211,7 +223,6 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         max_dest_rd_atomic: 16,
         ..Default::default()
     };
-    let write_lat = a.lat && a.test == Test::Write;
     let mut ends = Vec::new();
     for _ in 0..a.qps {
         let cq = ctx
@@ -329,9 +340,6 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             );
         }
     }
-    // Buffers hold the check pattern before anything moves: a ferroce peer
-    // READing from us, or checking what it wrote, relies on it.
-    perf::fill_pattern(&mr, 0, mr.len(), PATTERN_SEED).map_err(|e| e.to_string())?;
     let op = a.op();
     let mut all_ok = true;
     let mut last_report = BwReport::default();
