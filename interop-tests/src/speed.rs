@@ -110,6 +110,8 @@ struct Figure {
     pair: String,
     /// MB/s (bandwidth) or µs (typical latency, perftest's t_typical), best of the repeats.
     value: Option<f64>,
+    /// Every round's figure, in order.
+    samples: Vec<f64>,
     note: String,
 }
 
@@ -156,6 +158,7 @@ pub fn run(o: &SpeedOptions) -> Result<String> {
                     test,
                     pair: pair.to_owned(),
                     value: None,
+                    samples: Vec::new(),
                     note: String::new(),
                 });
                 figures.len() - 1
@@ -176,6 +179,7 @@ pub fn run(o: &SpeedOptions) -> Result<String> {
             }
         };
         if let Some(v) = got {
+            f.samples.push(v);
             if f.value.is_none_or(|b| test.better(v, b)) {
                 f.value = Some(v);
             }
@@ -344,8 +348,11 @@ fn render(
         s,
         "Targets (issue 6): ferroce ⇄ ferroce ≥ 1.5× rxe's bandwidth and ≤ 0.75× its latency.\n"
     );
-    let _ = writeln!(s, "| test | pair | result | vs rxe ⇄ rxe | target |");
-    let _ = writeln!(s, "|---|---|---:|---:|---|");
+    let _ = writeln!(
+        s,
+        "| test | pair | best | vs rxe ⇄ rxe | target | every round (same order for each pair) |"
+    );
+    let _ = writeln!(s, "|---|---|---:|---:|---|---|");
     for t in Test::ALL {
         let base = figures
             .iter()
@@ -372,14 +379,16 @@ fn render(
                     (format!("{v:.2} {unit}"), format!("{r:.2}×"), target)
                 }
             };
+            let rounds: Vec<String> = f.samples.iter().map(|v| format!("{v:.1}")).collect();
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} |",
                 t.label(),
                 f.pair,
                 value,
                 ratio,
-                target
+                target,
+                rounds.join(", ")
             );
         }
     }
