@@ -289,8 +289,9 @@ impl UdpIo {
         sys::setsockopt(raw, libc::IPPROTO_IP, libc::IP_PKTINFO, &one, "IP_PKTINFO")?;
         sys::setsockopt(raw, libc::IPPROTO_IP, libc::IP_RECVTOS, &one, "IP_RECVTOS")?;
         sys::setsockopt(raw, libc::IPPROTO_IP, libc::IP_RECVTTL, &one, "IP_RECVTTL")?;
-        // Predictable IPv4 IDs on what we send (see crate::ipv4_id); on a v6 socket this
-        // applies to its v4-mapped traffic, and a kernel refusing it there changes nothing else.
+        // Predictable IPv4 IDs on what we send (see crate::ipv4_id). On a v6 socket it covers
+        // the v4-mapped traffic (Linux passes SOL_IP options of UDPv6 sockets to IPv4); should
+        // a kernel refuse it there, only that traffic's ICRC would disagree with rxe's.
         let pmtu: libc::c_int = libc::IP_PMTUDISC_DO;
         let r = sys::setsockopt(
             raw,
