@@ -40,9 +40,11 @@ impl Capture {
         cmd.args(["netns", "exec", netns, "tcpdump", "-i", iface])
             .args([
                 "-n",
-                // 32 MiB of kernel buffer: bursts of 8 QPs under load overran the default 2 MiB.
+                // 256 MiB of kernel buffer: bursts of 8 QPs under load overran the default 2 MiB,
+                // and an `-a` WRITE run (~100 MB in seconds, tcpdump starved of CPU by the other
+                // test and builds) overran 32 and 128 MiB; this holds all of it.
                 "-B",
-                "32768",
+                "262144",
                 "-s",
                 "0",
                 "-U",

@@ -11,6 +11,7 @@
 //! - [`host`]: the `ferroce` binary, host processes in the lab namespace, capture oracles.
 //! - [`matrix`]: the generated results matrix (`RESULTS.md`).
 //! - [`mitm`]: a perftest exchange relay that corrupts RKeys (error interop).
+//! - [`speed`]: the speed comparison (`ferroce-interop speed`).
 #![forbid(unsafe_code)]
 
 pub mod capture;
@@ -18,6 +19,7 @@ pub mod host;
 pub mod image;
 pub mod matrix;
 pub mod mitm;
+pub mod speed;
 pub mod vm;
 
 pub use capture::{Capture, CaptureStats};

@@ -4,6 +4,8 @@
 //! - `shell`: boot a VM with rxe0 and attach this terminal to its console (Ctrl-A X, or
 //!   `poweroff -f` in the VM, to leave).
 //! - `run <command>`: boot a VM, run one command, print its output, exit with its status.
+//! - `speed`: the speed comparison of issue 6 (rxe ⇄ rxe against ferroce ⇄ ferroce on the same
+//!   two VMs, and ferroce on the host ⇄ rxe); writes the `speed` section of `RESULTS.md`.
 //! - `rkey-proxy`: relay one perftest exchange, corrupting one side's RKeys (error-interop tests
 //!   run it inside the lab namespace).
 #![forbid(unsafe_code)]
@@ -35,6 +37,24 @@ enum Cmd {
     Run {
         /// The command (a busybox sh script).
         command: Vec<String>,
+    },
+    /// Speed comparison: rxe ⇄ rxe against ferroce ⇄ ferroce inside the same two VMs.
+    Speed {
+        /// ferroce backends to run inside the VMs.
+        #[arg(long, value_delimiter = ',', default_value = "afpacket,udp")]
+        backends: Vec<String>,
+        /// Iterations: 64 KiB WRITE bw, 1 MiB WRITE bw, 8 B SEND lat.
+        #[arg(long, value_delimiter = ',', default_value = "300,30,300")]
+        iters: Vec<u64>,
+        /// Runs per measurement (the best counts).
+        #[arg(long, default_value_t = 2)]
+        repeat: usize,
+        /// QEMU CPU model of both VMs (default: QEMU's, or FERROCE_RXE_VM_CPU).
+        #[arg(long)]
+        cpu: Option<String>,
+        /// Don't rewrite the `speed` section of interop-tests/RESULTS.md.
+        #[arg(long)]
+        no_write: bool,
     },
     /// Relay one perftest TCP exchange, corrupting the RKey in one side's key messages.
     RkeyProxy {
@@ -103,6 +123,44 @@ fn run(cli: Cli) -> Result<ExitCode, ferroce_interop::Error> {
                 vm.share_dir().display(),
             );
             vm.wait_exit()?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Speed {
+            backends,
+            iters,
+            repeat,
+            cpu,
+            no_write,
+        } => {
+            let [a, b, c] = iters[..] else {
+                eprintln!("--iters takes three numbers");
+                return Ok(ExitCode::FAILURE);
+            };
+            let mut vm = VmConfig::default();
+            if cpu.is_some() {
+                vm.cpu = cpu;
+            }
+            let opts = ferroce_interop::speed::SpeedOptions {
+                ferroce: ferroce_interop::host::ferroce_bin()?,
+                backends,
+                iters: [a, b, c],
+                repeat: repeat.max(1),
+                vm,
+                dir: std::env::temp_dir().join(format!("ferroce-speed-{}", std::process::id())),
+            };
+            let report = ferroce_interop::speed::run(&opts)?;
+            let _ = std::fs::remove_dir_all(&opts.dir);
+            println!("{report}");
+            if !no_write {
+                let path = ferroce_interop::speed::results_path();
+                ferroce_interop::matrix::write_raw_section(&path, "speed", &report).map_err(
+                    |e| ferroce_interop::Error::Io {
+                        what: format!("writing {}", path.display()),
+                        source: e,
+                    },
+                )?;
+                eprintln!("wrote the speed section of {}", path.display());
+            }
             Ok(ExitCode::SUCCESS)
         }
         Cmd::RkeyProxy {

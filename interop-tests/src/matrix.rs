@@ -52,14 +52,7 @@ pub struct Row {
 /// Rewrites section `name` of the markdown file at `path` with `intro` and a table of `rows`
 /// (creating the file with a header when missing).
 pub fn write_section(path: &Path, name: &str, intro: &str, rows: &[Row]) -> std::io::Result<()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let old = std::fs::read_to_string(path).unwrap_or_else(|_| HEADER.to_string());
-    let begin = format!("<!-- section: {name} -->");
-    let end = format!("<!-- end: {name} -->");
     let mut body = String::new();
-    body.push_str(&begin);
-    body.push('\n');
     body.push_str(intro.trim_end());
     body.push_str("\n\n");
     let pass = rows.iter().filter(|r| r.verdict == Verdict::Pass).count();
@@ -88,7 +81,18 @@ pub fn write_section(path: &Path, name: &str, intro: &str, rows: &[Row]) -> std:
             cell(&r.note)
         ));
     }
-    body.push_str(&end);
+    write_raw_section(path, name, &body)
+}
+
+/// Rewrites section `name` of the markdown file at `path` with `body` (any markdown; creating
+/// the file with a header when missing).
+pub fn write_raw_section(path: &Path, name: &str, body: &str) -> std::io::Result<()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let old = std::fs::read_to_string(path).unwrap_or_else(|_| HEADER.to_string());
+    let begin = format!("<!-- section: {name} -->");
+    let end = format!("<!-- end: {name} -->");
+    let body = format!("{begin}\n{}\n{end}", body.trim_end());
     let new = match (old.find(&begin), old.find(&end)) {
         (Some(b), Some(e)) if e > b => {
             format!("{}{}{}", &old[..b], body, &old[e + end.len()..])
@@ -108,13 +112,14 @@ pub fn write_section(path: &Path, name: &str, intro: &str, rows: &[Row]) -> std:
 }
 
 /// The order sections appear in, whatever order the tests finish in; unknown ones go last.
-const ORDER: [&str; 6] = [
+const ORDER: [&str; 7] = [
     "pingpong",
     "perftest-bw",
     "perftest-atomic-lat",
     "loss",
     "errors",
     "backends",
+    "speed",
 ];
 
 /// Reorders the `<!-- section: NAME -->` … `<!-- end: NAME -->` blocks by [`ORDER`], keeping the

@@ -190,6 +190,9 @@ pub struct VmConfig {
     pub image_dir: Option<PathBuf>,
     /// Extra kernel command line.
     pub extra_append: String,
+    /// QEMU `-cpu` model under TCG (`None`: QEMU's default, qemu64). From
+    /// `FERROCE_RXE_VM_CPU` by default.
+    pub cpu: Option<String>,
 }
 
 impl Default for VmConfig {
@@ -207,6 +210,9 @@ impl Default for VmConfig {
             console: Console::Log,
             image_dir: None,
             extra_append: String::new(),
+            cpu: std::env::var("FERROCE_RXE_VM_CPU")
+                .ok()
+                .filter(|c| !c.is_empty()),
         }
     }
 }
@@ -975,7 +981,12 @@ fn boot_in(net: &Arc<LabNet>, index: usize, config: &VmConfig, image: &Image) ->
         "virtio-9p-pci,fsdev=fs0,mount_tag=host".into(),
     ];
     match config.accel {
-        Accel::Tcg => args.extend(["-accel".into(), "tcg".into()]),
+        Accel::Tcg => {
+            args.extend(["-accel".into(), "tcg".into()]);
+            if let Some(cpu) = &config.cpu {
+                args.extend(["-cpu".into(), cpu.clone()]);
+            }
+        }
         Accel::Kvm => args.extend(["-accel".into(), "kvm".into(), "-cpu".into(), "host".into()]),
     }
     match config.console {

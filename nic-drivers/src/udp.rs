@@ -20,17 +20,19 @@
 //! carried), the MACs are synthetic (from [`crate::frame::mac_for_ip`]), and
 //! the IPv4 identification, DF and IPv6 flow label of received packets are
 //! not reported. The ICRC masks the flow label but *covers* the IPv4
-//! identification: received frames are synthesised with id 0, and the kernel
-//! picks the id of what this socket sends, so over IPv4 ICRCs only agree
-//! between two ferroce UDP endpoints (both sides assume 0). A peer that
-//! computes the ICRC over the real header (rxe, an RNIC) drops our frames and
-//! we drop its: talk to those through AF_XDP or AF_PACKET.
+//! identification; [`crate::ipv4_id`] makes that work: sends use
+//! `IP_PMTUDISC_DO`, under which the kernel's IDs are predictable (0, and
+//! 0, 1, 2, ... for the segments of a GSO send) and each frame's ICRC is
+//! computed over the ID it will carry; on receive the sender's ID is
+//! recovered from the ICRC (a 16-bit check remains instead of 32 bits), so
+//! rxe and RNICs interoperate over IPv4 too.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use crate::frame::{self, HeaderSpec};
+use crate::ipv4_id::{self, IdRecovery};
 use crate::sys;
 use crate::{NicError, PacketIo, RxSink, Stats, TxFill};
 
@@ -48,6 +50,8 @@ const GSO_MAX_SEGS: usize = 64;
 const MAX_DGRAM: usize = 65_507;
 // Room for the control messages we ask for (pktinfo, tos, ttl, gro, ovfl).
 const CMSG_ROOM: usize = 256;
+// IPv4 + UDP header bytes in front of the RoCE payload (the core builds no IP options).
+const IPV4_UDP_HLEN: usize = 28;
 
 /// UDP backend settings.
 #[derive(Debug, Clone, Copy)]
@@ -192,6 +196,7 @@ pub struct UdpIo {
     gso: bool,
     uring: Option<uring::Uring>,
     uring_depth: usize,
+    ids: IdRecovery,
 }
 
 impl std::fmt::Debug for UdpIo {
@@ -284,6 +289,22 @@ impl UdpIo {
         sys::setsockopt(raw, libc::IPPROTO_IP, libc::IP_PKTINFO, &one, "IP_PKTINFO")?;
         sys::setsockopt(raw, libc::IPPROTO_IP, libc::IP_RECVTOS, &one, "IP_RECVTOS")?;
         sys::setsockopt(raw, libc::IPPROTO_IP, libc::IP_RECVTTL, &one, "IP_RECVTTL")?;
+        // Predictable IPv4 IDs on what we send (see crate::ipv4_id). On a v6 socket it covers
+        // the v4-mapped traffic (Linux passes SOL_IP options of UDPv6 sockets to IPv4); should
+        // a kernel refuse it there, only that traffic's ICRC would disagree with rxe's.
+        let pmtu: libc::c_int = libc::IP_PMTUDISC_DO;
+        let r = sys::setsockopt(
+            raw,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            &pmtu,
+            "IP_MTU_DISCOVER",
+        );
+        if !v6 {
+            // (Not SO_NO_CHECK, though rxe sends UDP checksum 0: the kernel refuses GSO sends
+            // without a checksum.)
+            r?;
+        }
         // Kernel drop counter (cumulative) on every receive.
         let _ = sys::setsockopt(raw, libc::SOL_SOCKET, SO_RXQ_OVFL, &one, "SO_RXQ_OVFL");
         let bufsz = cfg.socket_buffer.min(i32::MAX as usize) as libc::c_int;
@@ -328,6 +349,7 @@ impl UdpIo {
             gso: cfg.gso,
             uring: None,
             uring_depth: 4,
+            ids: IdRecovery::default(),
             cfg,
         };
         if cfg.uring {
@@ -464,6 +486,11 @@ impl UdpIo {
                 self.stats.rx_dropped += 1;
             } else if let Ok(hl) = frame::write_headers(&mut self.scratch, &spec, len) {
                 self.scratch[hl..hl + len].copy_from_slice(payload);
+                if !peer.is_ipv6() {
+                    // The header says ID 0; make it the ID the sender's ICRC covers.
+                    let l3 = frame::header_len(false) - IPV4_UDP_HLEN;
+                    self.ids.fix(&mut self.scratch[l3..hl + len]);
+                }
                 sink(&self.scratch[..hl + len]);
                 self.stats.rx_frames += 1;
                 self.stats.rx_bytes += (hl + len) as u64;
@@ -713,6 +740,19 @@ impl PacketIo for UdpIo {
                 }
                 _ => false,
             };
+            if info.dst.is_ipv4() {
+                // The kernel gives segment k of a send the IPv4 ID k (crate::ipv4_id).
+                let k = match &run {
+                    Some(r) if appendable => r.segs,
+                    _ => 0,
+                };
+                if let Some(l3) = info.payload_offset.checked_sub(IPV4_UDP_HLEN) {
+                    let pkt = &mut self.scratch[l3..info.payload_offset + plen];
+                    if ipv4_id::id_of(pkt) != Some(k as u16) {
+                        self.ids.set_id(pkt, k as u16);
+                    }
+                }
+            }
             if appendable {
                 if let (Some(r), Some(slot)) = (run.as_mut(), self.tx_slots.get_mut(msgs - 1)) {
                     slot.buf[r.len..r.len + plen].copy_from_slice(&self.scratch[payload_range]);

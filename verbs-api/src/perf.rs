@@ -437,17 +437,20 @@ pub fn op_lat(
 
 /// WRITE latency as perftest's `ib_write_lat` runs it: a ping-pong of RDMA
 /// WRITEs. Each side writes `size` bytes into the peer's receive area whose
-/// last byte carries the iteration number, and waits until the peer's write
-/// has put that number into the last byte of its own receive area
-/// (`recv_offset` in `mr`). The client writes first. Samples are half the
-/// round trip.
+/// last byte carries the iteration number (1, 2, ... as a wrapping byte), and
+/// waits until the peer's write has put that number into the last byte of its
+/// own receive area (`recv_offset` in `mr`). The side with `starts` writes
+/// first without waiting: in perftest 4.5 that is the server (run_iter_lat_write
+/// skips the first poll when `machine == SERVER`; seen on the wire between two
+/// rxe peers: the server's WRITE is the first RoCE packet). Samples are half
+/// the round trip.
 pub fn write_lat(
     qp: &QueuePair<'_>,
     cq: &CompletionQueue,
     mr: &MemoryRegion<'_>,
     remote: &RemoteBuf,
     p: &PerfParams,
-    client: bool,
+    starts: bool,
     recv_offset: u64,
 ) -> Result<PerfResult> {
     let size = p.size.max(1);
@@ -477,8 +480,8 @@ pub fn write_lat(
     let mut sends_done = 0u64;
     for i in 1..=p.iters {
         let t = Instant::now();
-        if !client || i > 1 {
-            wait_for_peer(if client { i - 1 } else { i })?;
+        if !starts || i > 1 {
+            wait_for_peer(if starts { i - 1 } else { i })?;
         }
         mr.write(post_at, &[i as u8])?;
         let mut wr = SendWr::new(
@@ -498,12 +501,12 @@ pub fn write_lat(
             check_wc(wc)?;
             sends_done += 1;
         }
-        // The client's first iteration only starts the ping-pong.
-        if !client || i > 1 {
+        // The starter's first iteration only starts the ping-pong.
+        if !starts || i > 1 {
             lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
         }
     }
-    if client {
+    if starts {
         wait_for_peer(p.iters)?;
     }
     while sends_done < p.iters {

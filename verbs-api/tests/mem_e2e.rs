@@ -311,3 +311,48 @@ fn thread_cpu_ticks(prefix: &str) -> Option<u64> {
     }
     found.then_some(total)
 }
+
+/// `perf::write_lat` between two ferroce ends, as `bench write --lat` runs it: one side writes
+/// first (ib_write_lat's server), each polls the last byte of its receive half.
+#[test]
+fn write_latency_ping_pong() {
+    use ferroce_verbs::perf::{self, PerfOp, PerfParams, RemoteBuf};
+    let (ca, cb) = pair(EngineMode::Thread);
+    let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
+    let (cqa, cqb) = (ca.create_cq(256).unwrap(), cb.create_cq(256).unwrap());
+    let qa = pa.create_qp().build(&cqa, &cqa).unwrap();
+    let qb = pb.create_qp().build(&cqb, &cqb).unwrap();
+    let half = 4096u64;
+    let ma = pa.reg_mr(2 * half as usize, all_access()).unwrap();
+    let mb = pb.reg_mr(2 * half as usize, all_access()).unwrap();
+    let opts = ConnectOptions::default();
+    qa.to_init(&opts).unwrap();
+    qb.to_init(&opts).unwrap();
+    let remote = |c: &Context, qpn| RemoteQp {
+        qpn,
+        psn: 0,
+        gid: c.query_gid(0).unwrap(),
+    };
+    qa.connect(&ca, &remote(&cb, qb.qpn()), &opts).unwrap();
+    qb.connect(&cb, &remote(&ca, qa.qpn()), &opts).unwrap();
+    // 300 iterations: the iteration byte wraps past 255.
+    let p = PerfParams::new(PerfOp::Write, 64, 300);
+    let to = |m: &ferroce_verbs::MemoryRegion<'_>| RemoteBuf {
+        addr: m.addr() + half,
+        rkey: m.rkey(),
+        len: half,
+    };
+    let (ra, rb) = (to(&mb), to(&ma));
+    std::thread::scope(|s| {
+        let h = s.spawn(|| perf::write_lat(&qb, &cqb, &mb, &rb, &p, false, half));
+        let a = perf::write_lat(&qa, &cqa, &ma, &ra, &p, true, half).unwrap();
+        let b = h.join().unwrap().unwrap();
+        assert_eq!(a.iters, 300);
+        assert_eq!(b.lat_us.len(), 300);
+        assert_eq!(
+            a.lat_us.len(),
+            299,
+            "the starter's first write is not a sample"
+        );
+    });
+}

@@ -1,0 +1,320 @@
+//! The IPv4 Identification under a UDP socket.
+//!
+//! The RoCE v2 ICRC covers the IPv4 Identification (IBTA A17.3.3 masks only ToS, TTL and the
+//! header checksum), but a UDP socket neither picks the ID of what it sends nor reports the ID of
+//! what it receives.
+//!
+//! Transmit: with `IP_PMTUDISC_DO` an unconnected socket's datagrams carry ID 0 (Linux
+//! `ip_select_ident_segs`: DF set and not `ignore_df`), and the segments of one UDP GSO send carry
+//! IDs 0, 1, 2, ... (`inet_gso_segment` numbers them from the super-packet's ID); both seen with
+//! tcpdump on a veth with software segmentation. So segment `k` of a send is given ID `k` and its
+//! ICRC is computed over that ([`IdRecovery::set_id`]). Without `IP_PMTUDISC_DO` (the default
+//! `IP_PMTUDISC_WANT` sets `ignore_df`) the kernel takes IDs from a shared hashed counter.
+//!
+//! Receive: the ICRC is a CRC-32, affine in the message, so for a frame of a given length
+//! `ICRC(id) = ICRC(0) ^ L(id)` with `L` linear in the 16 ID bits. [`IdRecovery`] keeps, per
+//! frame length, `L`'s 16 columns in echelon form and solves `L(id) = received ^ ICRC(0)` over
+//! GF(2): a solution is the ID the sender used and goes into the synthesised header, so the
+//! stack's ICRC check passes; with none the header keeps ID 0 and the stack drops the frame as a
+//! bad ICRC. The price: for IPv4 frames received this way the 32-bit ICRC is a 16-bit check (a
+//! random corruption passes with probability 2^-16); Ethernet's FCS, and the UDP checksum when
+//! the sender set one (the kernel verifies it), still cover the frame.
+
+use crate::frame;
+
+const IPV4_HLEN: usize = 20;
+/// Offset of the Identification in the IPv4 header (RFC 791).
+const ID_AT: usize = 4;
+/// Offset of the header checksum.
+const CSUM_AT: usize = 10;
+/// Frame lengths whose solver is kept (the MTU-sized data packets, ACKs, a few others).
+const CACHE: usize = 16;
+
+/// The ICRC of IPv4 RoCE v2 packets, as `ferroce_stack::wire::icrc` computes it for any (this
+/// crate stays independent of the stack; a test checks the two agree).
+mod icrc {
+    pub const ICRC_LEN: usize = 4;
+    /// IPv4 + UDP headers and the BTH: the part with masked fields.
+    const MASKED: usize = 20 + 8 + 12;
+    /// CRC-32 state after the 8 bytes of 0xFF standing in for the LRH (rxe's seed 0xDEBB20E3,
+    /// uncomplemented).
+    const LRH_STANDIN_CRC: u32 = !0xdebb_20e3;
+
+    /// ICRC of `l3`: IPv4 header to the end of the pad (the ICRC excluded); IBTA A17.3.3 masks
+    /// ToS, TTL, the IP and UDP checksums and BTH byte 4 to ones.
+    pub fn compute(l3: &[u8], _ipv6: bool) -> Option<u32> {
+        let (head, rest) = (l3.get(..MASKED)?, l3.get(MASKED..)?);
+        let mut m = [0u8; MASKED];
+        m.copy_from_slice(head);
+        m[1] = 0xff;
+        m[8] = 0xff;
+        m[10..12].fill(0xff);
+        m[26..28].fill(0xff);
+        m[32] = 0xff;
+        let mut h = crc32fast::Hasher::new_with_initial(LRH_STANDIN_CRC);
+        h.update(&m);
+        h.update(rest);
+        Some(h.finalize())
+    }
+}
+
+/// The Identification of an IPv4 header.
+pub fn id_of(l3: &[u8]) -> Option<u16> {
+    l3.get(ID_AT..ID_AT + 2)
+        .map(|b| u16::from_be_bytes([b[0], b[1]]))
+}
+
+/// An IPv4 header without options followed by UDP and something shaped like a BTH: an opcode
+/// of a defined transport (below 0xC0, the manufacturer-specific range) and transport header
+/// version 0. Other payloads (tests push arbitrary ones through the backend) are left alone.
+fn is_plain_ipv4(l3: &[u8]) -> bool {
+    l3.first() == Some(&0x45)
+        && l3.get(IPV4_HLEN + 8).is_some_and(|op| *op < 0xc0)
+        && l3.get(IPV4_HLEN + 8 + 1).is_some_and(|b| b & 0x0f == 0)
+}
+
+/// Writes `id` and recomputes the header checksum.
+fn write_id(l3: &mut [u8], id: u16) {
+    l3[ID_AT..ID_AT + 2].copy_from_slice(&id.to_be_bytes());
+    l3[CSUM_AT..CSUM_AT + 2].fill(0);
+    let c = frame::ipv4_checksum(&l3[..IPV4_HLEN]);
+    l3[CSUM_AT..CSUM_AT + 2].copy_from_slice(&c.to_be_bytes());
+}
+
+/// `L` for one frame length: basis vectors (ICRC difference, ID bits giving it, pivot bit), each
+/// reduced by the ones before it.
+#[derive(Debug, Clone)]
+struct Solver {
+    len: usize,
+    cols: [u32; 16],
+    basis: Vec<(u32, u16, u32)>,
+}
+
+impl Solver {
+    /// From the 16 columns `cols[j] = ICRC(id = 1 << j) ^ ICRC(0)`.
+    fn new(len: usize, cols: [u32; 16]) -> Solver {
+        let mut basis: Vec<(u32, u16, u32)> = Vec::with_capacity(16);
+        for (j, &c) in cols.iter().enumerate() {
+            let (mut v, mut m) = (c, 1u16 << j);
+            for &(bv, bm, p) in &basis {
+                if v & p != 0 {
+                    v ^= bv;
+                    m ^= bm;
+                }
+            }
+            if v != 0 {
+                basis.push((v, m, 1 << (31 - v.leading_zeros())));
+            }
+        }
+        Solver { len, cols, basis }
+    }
+
+    /// `L(x)`: how the ICRC changes when the ID changes by `x` (xor).
+    fn delta(&self, x: u16) -> u32 {
+        self.cols
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| x & (1 << j) != 0)
+            .fold(0, |acc, (_, c)| acc ^ c)
+    }
+
+    /// The ID bits `m` with `L(m) = s`, if any.
+    fn solve(&self, mut s: u32) -> Option<u16> {
+        let mut m = 0u16;
+        for &(bv, bm, p) in &self.basis {
+            if s & p != 0 {
+                s ^= bv;
+                m ^= bm;
+            }
+        }
+        (s == 0).then_some(m)
+    }
+}
+
+/// Recovers the Identification of received IPv4 RoCE frames from their ICRC (see the module
+/// documentation). Keeps the solvers of the last few frame lengths.
+#[derive(Debug, Default)]
+pub struct IdRecovery {
+    solvers: Vec<Solver>,
+    /// Frames whose ID was recovered as non-zero.
+    pub recovered: u64,
+    /// Frames no ID explains (left for the stack to drop as a bad ICRC).
+    pub unexplained: u64,
+}
+
+impl IdRecovery {
+    /// Gives the RoCE packet `l3` (IPv4 header to the end of the ICRC) the Identification `id`,
+    /// with its header checksum and ICRC to match. Only a packet whose ICRC is right for its
+    /// current ID is changed (so a payload that merely looks like RoCE is left alone); returns
+    /// whether it was.
+    pub fn set_id(&mut self, l3: &mut [u8], id: u16) -> bool {
+        if !is_plain_ipv4(l3) || l3.len() < IPV4_HLEN + icrc::ICRC_LEN {
+            return false;
+        }
+        let Some(cur) = id_of(l3) else {
+            return false;
+        };
+        let end = l3.len() - icrc::ICRC_LEN;
+        let mut rx = [0u8; 4];
+        rx.copy_from_slice(&l3[end..]);
+        let stored = u32::from_le_bytes(rx);
+        let Some(now) = icrc::compute(&l3[..end], false) else {
+            return false;
+        };
+        if now != stored {
+            return false;
+        }
+        if cur == id {
+            return true;
+        }
+        let Some(solver) = self.solver(l3, end) else {
+            return false;
+        };
+        let crc = stored ^ solver.delta(cur ^ id);
+        write_id(l3, id);
+        l3[end..].copy_from_slice(&crc.to_le_bytes());
+        true
+    }
+
+    /// `l3` (IPv4 header to the end of the ICRC) arrived with its Identification unknown and
+    /// set to 0: finds the ID that makes the ICRC right and writes it (with the header checksum).
+    pub fn fix(&mut self, l3: &mut [u8]) {
+        if !is_plain_ipv4(l3) || l3.len() < IPV4_HLEN + icrc::ICRC_LEN {
+            return;
+        }
+        let end = l3.len() - icrc::ICRC_LEN;
+        let mut rx = [0u8; 4];
+        rx.copy_from_slice(&l3[end..]);
+        let received = u32::from_le_bytes(rx);
+        let Some(at_zero) = icrc::compute(&l3[..end], false) else {
+            return;
+        };
+        if at_zero == received {
+            return;
+        }
+        match self
+            .solver(l3, end)
+            .and_then(|s| s.solve(received ^ at_zero))
+        {
+            Some(id) => {
+                write_id(l3, id);
+                self.recovered += 1;
+            }
+            None => self.unexplained += 1,
+        }
+    }
+
+    /// The solver for packets of `l3`'s length (built from `l3` itself: the columns do not
+    /// depend on the contents; its ID bytes are restored).
+    fn solver(&mut self, l3: &mut [u8], end: usize) -> Option<&Solver> {
+        if let Some(i) = self.solvers.iter().position(|s| s.len == end) {
+            // Most recently used first.
+            let s = self.solvers.remove(i);
+            self.solvers.insert(0, s);
+            return self.solvers.first();
+        }
+        let saved = [l3[ID_AT], l3[ID_AT + 1]];
+        let mut crc_with = |id: u16| {
+            l3[ID_AT..ID_AT + 2].copy_from_slice(&id.to_be_bytes());
+            icrc::compute(&l3[..end], false)
+        };
+        let zero = crc_with(0);
+        let mut cols = [0u32; 16];
+        for (j, c) in cols.iter_mut().enumerate() {
+            *c = crc_with(1 << j).zip(zero).map_or(0, |(a, z)| a ^ z);
+        }
+        l3[ID_AT..ID_AT + 2].copy_from_slice(&saved);
+        zero?;
+        self.solvers.insert(0, Solver::new(end, cols));
+        self.solvers.truncate(CACHE);
+        self.solvers.first()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An RC SEND_ONLY over IPv4 (as in the stack's ICRC tests), IP header to the end of the pad,
+    /// then room for the ICRC.
+    fn packet(id: u16) -> Vec<u8> {
+        let hex = "4500003c7c794000401194fdc612000ac612000bc00112b700280000\
+                   0440ffff000000118000000168656c6c6f2072786521212121212121";
+        let mut p: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        p.extend_from_slice(&[0; 4]);
+        let end = p.len() - 4;
+        let crc = icrc::compute(&p[..end], false).unwrap();
+        p[end..].copy_from_slice(&crc.to_le_bytes());
+        assert!(IdRecovery::default().set_id(&mut p, id));
+        let crc = icrc::compute(&p[..end], false).unwrap();
+        assert_eq!(p[end..], crc.to_le_bytes(), "set_id keeps the ICRC right");
+        p
+    }
+
+    #[test]
+    fn recovers_any_id() {
+        let mut r = IdRecovery::default();
+        for id in [0u16, 1, 2, 0x5de0, 0x8000, 0xffff, 12345] {
+            let sent = packet(id);
+            let mut got = sent.clone();
+            write_id(&mut got, 0);
+            r.fix(&mut got);
+            assert_eq!(got, sent, "id {id:#x}");
+        }
+        assert_eq!(r.recovered, 6);
+        assert_eq!(r.solvers.len(), 1);
+    }
+
+    #[test]
+    fn a_corrupted_frame_mostly_stays_bad() {
+        let mut r = IdRecovery::default();
+        let mut bad = 0;
+        // Byte 32 (BTH byte 4) is masked out of the ICRC.
+        for byte in (28..60).filter(|b| *b != 32) {
+            let mut got = packet(0x1234);
+            got[byte] ^= 0x10;
+            write_id(&mut got, 0);
+            r.fix(&mut got);
+            let end = got.len() - 4;
+            let crc = icrc::compute(&got[..end], false).unwrap();
+            if crc.to_le_bytes() != got[end..] {
+                bad += 1;
+            }
+        }
+        // A 16-bit check: single flipped bits are not explained by any ID here.
+        assert_eq!(bad, 31);
+        assert_eq!(r.unexplained, 31);
+    }
+
+    #[test]
+    fn icrc_agrees_with_the_stack() {
+        for id in [0u16, 9, 0xabcd] {
+            let p = packet(id);
+            let end = p.len() - 4;
+            assert_eq!(
+                icrc::compute(&p[..end], false),
+                ferroce_stack::wire::icrc::compute(&p[..end], false)
+            );
+        }
+    }
+
+    #[test]
+    fn set_id_rejects_non_ipv4_and_non_roce() {
+        let mut r = IdRecovery::default();
+        let mut v6 = vec![0x60u8; 80];
+        assert!(!r.set_id(&mut v6, 1));
+        let mut other = packet(0);
+        other[28] = 0xf0;
+        assert!(!r.set_id(&mut other, 1));
+        // Looks like RoCE, but its ICRC is not one: left alone.
+        let mut fake = packet(0);
+        fake[50] ^= 1;
+        let before = fake.clone();
+        assert!(!r.set_id(&mut fake, 3));
+        assert_eq!(fake, before);
+        assert_eq!(id_of(&packet(7)), Some(7));
+    }
+}
