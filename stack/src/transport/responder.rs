@@ -8,6 +8,7 @@ use std::collections::VecDeque;
 use crate::wire::aeth::{self, NakCode, Syndrome};
 use crate::wire::{atomic_ack_eth, ExtHeaders, IpHeader, OpKind, Opcode, ParsedPacket, Position};
 
+use super::counters::HwCounter;
 use super::device::{AsyncEvent, Ctx};
 use super::dma;
 use super::mr::{AccessError, AccessFlags};
@@ -182,13 +183,24 @@ enum Outcome {
     Rnr,
     /// A class B/C/D error: NAK with the code, complete the receive with the
     /// status, QP to ERR (RC); UC drops the message.
-    Fatal(NakCode, WcStatus),
+    Fatal(NakCode, WcStatus, &'static str),
 }
 
-fn access_status(e: AccessError) -> (NakCode, WcStatus) {
+fn access_status(e: AccessError) -> (NakCode, WcStatus, &'static str) {
     match e {
-        AccessError::Misaligned => (NakCode::InvalidRequest, WcStatus::RemInvReqErr),
-        _ => (NakCode::RemoteAccessError, WcStatus::RemAccessErr),
+        // rxe_resp.c: RESPST_ERR_MISALIGNED_ATOMIC is a class C Invalid Request.
+        AccessError::Misaligned => (
+            NakCode::InvalidRequest,
+            WcStatus::RemInvReqErr,
+            "rx_err_misaligned_atomic",
+        ),
+        // Bad or stale key, another PD, no right, or a range outside the
+        // region: rxe's RESPST_ERR_RKEY_VIOLATION, NAK Remote Access Error.
+        _ => (
+            NakCode::RemoteAccessError,
+            WcStatus::RemAccessErr,
+            "rx_err_rkey_violation",
+        ),
     }
 }
 
@@ -262,6 +274,8 @@ impl Qp {
             if d > 0 {
                 ctx.stats.out_of_sequence += 1;
                 if !self.resp.nak_sent {
+                    // rxe_resp.c check_psn: counted with the one NAK per gap.
+                    ctx.stats.inc(HwCounter::OutOfSeqRequest);
                     self.resp.nak_sent = true;
                     let (e, m) = (self.resp.psn, self.resp.msn);
                     self.push_nak(NakCode::PsnSequenceError, e, m, ctx);
@@ -301,7 +315,11 @@ impl Qp {
             LastOp::Write => cont && info.kind == OpKind::Write,
         };
         let outcome = if !seq_ok {
-            Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr)
+            Outcome::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::RemInvReqErr,
+                "rx_err_missing_opcode",
+            )
         } else {
             // check_op_valid: the QP's remote access flags.
             let acc = self.attr.qp_access_flags;
@@ -312,14 +330,22 @@ impl Qp {
                 _ => true,
             };
             if !allowed {
-                Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr)
+                Outcome::Fatal(
+                    NakCode::InvalidRequest,
+                    WcStatus::RemInvReqErr,
+                    "rx_err_unsupported_opcode",
+                )
             } else {
                 match info.kind {
                     OpKind::Send => self.exec_send(pkt, ctx),
                     OpKind::Write => self.exec_write(pkt, ctx),
                     OpKind::ReadRequest => self.exec_read(pkt, ctx),
                     OpKind::CompareSwap | OpKind::FetchAdd => self.exec_atomic(pkt, ctx),
-                    _ => Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr),
+                    _ => Outcome::Fatal(
+                        NakCode::InvalidRequest,
+                        WcStatus::RemInvReqErr,
+                        "rx_err_unsupported_opcode",
+                    ),
                 }
             }
         };
@@ -348,6 +374,7 @@ impl Qp {
             Outcome::Rnr => {
                 if rc {
                     ctx.stats.rnr_naks_sent += 1;
+                    ctx.stats.inc(HwCounter::SendRnrErr);
                     self.resp.nak_sent = true;
                     let syn = Syndrome::RnrNak {
                         timer: self.attr.min_rnr_timer,
@@ -366,7 +393,8 @@ impl Qp {
                     self.resp.psn = psn::add(p, 1);
                 }
             }
-            Outcome::Fatal(code, status) => {
+            Outcome::Fatal(code, status, why) => {
+                ctx.stats.count(why);
                 if rc {
                     if self.resp.has_cur {
                         self.complete_recv_error(status, ctx);
@@ -451,14 +479,26 @@ impl Qp {
         let mtu = self.mtu();
         // check_length: FIRST/MIDDLE carry exactly one MTU (C9-?? / rxe check_length).
         if n > mtu || (!last && n != mtu) {
-            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+            return Outcome::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::RemInvReqErr,
+                "rx_err_length",
+            );
         }
         if self.resp.cur_offset + n > self.resp.cur.len {
-            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::LocLenErr);
+            return Outcome::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::LocLenErr,
+                "rx_err_length",
+            );
         }
         let off = self.resp.cur_offset;
         if dma::scatter(ctx.mrs, self.pd, &self.resp.cur.sges, off, pkt.payload).is_err() {
-            return Outcome::Fatal(NakCode::RemoteOperationalError, WcStatus::LocProtErr);
+            return Outcome::Fatal(
+                NakCode::RemoteOperationalError,
+                WcStatus::LocProtErr,
+                "rx_err_malformed_wqe",
+            );
         }
         self.resp.cur_offset += n;
         if !last {
@@ -479,7 +519,11 @@ impl Qp {
         wc.solicited = pkt.repr.bth.solicited;
         if let Some(ieth) = pkt.repr.ext.ieth {
             if ctx.mrs.invalidate(ieth.rkey, self.pd).is_err() {
-                return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                return Outcome::Fatal(
+                    NakCode::InvalidRequest,
+                    WcStatus::RemInvReqErr,
+                    "rx_err_invalidate",
+                );
             }
             wc.invalidated_rkey = Some(ieth.rkey);
         }
@@ -495,8 +539,20 @@ impl Qp {
         let last = info.is_last_or_only();
         if first {
             let Some(reth) = pkt.repr.ext.reth else {
-                return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                return Outcome::Fatal(
+                    NakCode::InvalidRequest,
+                    WcStatus::RemInvReqErr,
+                    "rx_err_malformed",
+                );
             };
+            // rxe check_length: no RDMA message is longer than 2^31 bytes.
+            if reth.dma_len > 1 << 31 {
+                return Outcome::Fatal(
+                    NakCode::InvalidRequest,
+                    WcStatus::RemInvReqErr,
+                    "rx_err_length",
+                );
+            }
             // check_rkey; a zero-length WRITE touches no memory and is not checked (C9-88).
             if reth.dma_len > 0 {
                 if let Err(e) = ctx.mrs.check(
@@ -506,8 +562,8 @@ impl Qp {
                     u64::from(reth.dma_len),
                     AccessFlags::REMOTE_WRITE,
                 ) {
-                    let (code, st) = access_status(e);
-                    return Outcome::Fatal(code, st);
+                    let (code, st, why) = access_status(e);
+                    return Outcome::Fatal(code, st, why);
                 }
             }
             self.resp.write = WriteCtx {
@@ -521,7 +577,11 @@ impl Qp {
         let mtu = self.attr.path_mtu;
         let w = self.resp.write;
         if n > mtu || (!last && n != mtu) || n > w.resid || (last && n != w.resid) {
-            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+            return Outcome::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::RemInvReqErr,
+                "rx_err_length",
+            );
         }
         let imm = pkt.repr.ext.immdt;
         if imm.is_some() && !self.take_recv(ctx) {
@@ -537,12 +597,16 @@ impl Qp {
             ) {
                 Ok((mr, off)) => {
                     if mr.region.write(off, pkt.payload).is_err() {
-                        return Outcome::Fatal(NakCode::RemoteAccessError, WcStatus::RemAccessErr);
+                        return Outcome::Fatal(
+                            NakCode::RemoteAccessError,
+                            WcStatus::RemAccessErr,
+                            "rx_err_rkey_violation",
+                        );
                     }
                 }
                 Err(e) => {
-                    let (code, st) = access_status(e);
-                    return Outcome::Fatal(code, st);
+                    let (code, st, why) = access_status(e);
+                    return Outcome::Fatal(code, st, why);
                 }
             }
         }
@@ -572,12 +636,48 @@ impl Qp {
         Outcome::Done { psns: 1, end: true }
     }
 
+    /// READ responses and atomic ACKs still to send: each is a READ/atomic
+    /// the requester counts as outstanding.
+    fn rd_atomic_pending(&self) -> usize {
+        self.resp
+            .out
+            .iter()
+            .filter(|o| matches!(o, RespOut::Read { .. } | RespOut::AtomicAck { .. }))
+            .count()
+    }
+
+    /// A new READ/atomic while max_dest_rd_atomic of them are still being
+    /// answered: the requester broke its max_rd_atomic (which the CM keeps
+    /// at most our max_dest_rd_atomic). rxe (check_resource) recycles its
+    /// oldest resource instead, but it answers READs inline; we queue, so we
+    /// refuse as rxe does for max_dest_rd_atomic = 0: RESPST_ERR_TOO_MANY_RDMA_ATM_REQ,
+    /// a class C Invalid Request. This keeps the queue bounded per QP.
+    fn rd_atomic_backlog_full(&self) -> Option<Outcome> {
+        let max = usize::from(self.attr.max_dest_rd_atomic);
+        (max == 0 || self.rd_atomic_pending() >= max).then_some(Outcome::Fatal(
+            NakCode::InvalidRequest,
+            WcStatus::RemInvReqErr,
+            "rx_err_too_many_rd_atomic",
+        ))
+    }
+
     fn exec_read(&mut self, pkt: &ParsedPacket<'_>, ctx: &mut Ctx<'_>) -> Outcome {
         let Some(reth) = pkt.repr.ext.reth else {
-            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+            return Outcome::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::RemInvReqErr,
+                "rx_err_malformed",
+            );
         };
-        if self.attr.max_dest_rd_atomic == 0 || reth.dma_len > 1 << 31 {
-            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        if reth.dma_len > 1 << 31 {
+            return Outcome::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::RemInvReqErr,
+                "rx_err_length",
+            );
+        }
+        if let Some(o) = self.rd_atomic_backlog_full() {
+            return o;
         }
         if reth.dma_len > 0 {
             if let Err(e) = ctx.mrs.check(
@@ -587,8 +687,8 @@ impl Qp {
                 u64::from(reth.dma_len),
                 AccessFlags::REMOTE_READ,
             ) {
-                let (code, st) = access_status(e);
-                return Outcome::Fatal(code, st);
+                let (code, st, why) = access_status(e);
+                return Outcome::Fatal(code, st, why);
             }
         }
         let p = pkt.repr.bth.psn;
@@ -621,10 +721,14 @@ impl Qp {
 
     fn exec_atomic(&mut self, pkt: &ParsedPacket<'_>, ctx: &mut Ctx<'_>) -> Outcome {
         let Some(a) = pkt.repr.ext.atomic_eth else {
-            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+            return Outcome::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::RemInvReqErr,
+                "rx_err_malformed",
+            );
         };
-        if self.attr.max_dest_rd_atomic == 0 {
-            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        if let Some(o) = self.rd_atomic_backlog_full() {
+            return o;
         }
         let cas = pkt.repr.bth.opcode == Opcode::RC_COMPARE_SWAP;
         let orig = match ctx.mrs.check_atomic(a.rkey, self.pd, a.va) {
@@ -637,13 +741,17 @@ impl Qp {
                 match r {
                     Ok(v) => v,
                     Err(_) => {
-                        return Outcome::Fatal(NakCode::RemoteAccessError, WcStatus::RemAccessErr)
+                        return Outcome::Fatal(
+                            NakCode::RemoteAccessError,
+                            WcStatus::RemAccessErr,
+                            "rx_err_rkey_violation",
+                        )
                     }
                 }
             }
             Err(e) => {
-                let (code, st) = access_status(e);
-                return Outcome::Fatal(code, st);
+                let (code, st, why) = access_status(e);
+                return Outcome::Fatal(code, st, why);
             }
         };
         let p = pkt.repr.bth.psn;
@@ -663,6 +771,7 @@ impl Qp {
     /// A request with a PSN we already passed (rxe: rxe_resp.c duplicate_request).
     fn duplicate_request(&mut self, pkt: &ParsedPacket<'_>, ctx: &mut Ctx<'_>) {
         ctx.stats.duplicates += 1;
+        ctx.stats.inc(HwCounter::DuplicateRequest);
         let p = pkt.repr.bth.psn;
         let msn = self.resp.msn;
         let pushed = match pkt.opcode_info().kind {
@@ -670,6 +779,14 @@ impl Qp {
             OpKind::Send | OpKind::Write => self
                 .resp
                 .push_ack(psn::add(self.resp.psn, psn::PSN_MASK), msn),
+            OpKind::ReadRequest | OpKind::CompareSwap | OpKind::FetchAdd
+                if self.rd_atomic_pending() >= usize::from(self.attr.max_dest_rd_atomic) =>
+            {
+                // Answering it again would grow the queue past max_dest_rd_atomic;
+                // the requester asks again after its timeout.
+                ctx.stats.count("rx_duplicate_rd_atomic_backlog");
+                return;
+            }
             OpKind::ReadRequest => {
                 let Some(reth) = pkt.repr.ext.reth else {
                     return;
@@ -851,10 +968,12 @@ impl Qp {
         match emitted {
             Ok(len) => {
                 ctx.stats.tx_packets += 1;
+                ctx.stats.inc(HwCounter::SentPkts);
                 Some(len)
             }
             Err(_) => {
                 ctx.stats.count("tx_emit_error");
+                ctx.stats.inc(HwCounter::SendErr);
                 None
             }
         }
