@@ -1031,3 +1031,143 @@ fn hw_counters_follow_a_clean_exchange() {
         .iter()
         .all(|a| a.opcode.info().unwrap().kind != OpKind::Send));
 }
+
+#[test]
+fn a_flooding_peer_is_bounded_and_only_its_qp_fails() {
+    let mut r = Rig::with(ConnectCfg {
+        path_mtu: MTU,
+        max_rd_atomic: 4,
+        ..ConnectCfg::default()
+    });
+    // A second, honest pair on the same cores: node 0's QP `good_peer` to the
+    // victim's `good`, driven by node 0's real requester over the network.
+    let (pd, scq, rcq) = (r.pd, r.scq, r.rcq);
+    let good = r
+        .victim()
+        .create_qp(pd, &init(QpType::Rc, scq, rcq))
+        .unwrap();
+    let good_peer = r.net.cores[0]
+        .create_qp(PdHandle(0), &init(QpType::Rc, CqHandle(0), CqHandle(0)))
+        .unwrap();
+    let cfg = ConnectCfg {
+        path_mtu: MTU,
+        max_rd_atomic: 4,
+        ..ConnectCfg::default()
+    };
+    connect(&mut r.net, 0, good_peer, 1, good, QpType::Rc, &cfg, 50, 60).unwrap();
+    let (plkey, _) = r.net.cores[0]
+        .reg_mr(
+            PdHandle(0),
+            0x9000,
+            AccessFlags::ALL,
+            Box::new(VecRegion::zeroed(64 * 1024)),
+        )
+        .unwrap();
+
+    // 1. RNR flood: SENDs at the expected PSN with no receive posted. Each
+    //    draws an RNR NAK (rxe does the same), but what waits to go out stays bounded.
+    for _ in 0..10_000 {
+        r.request(Opcode::RC_SEND_ONLY, ExtHeaders::default(), &[1; 64]);
+    }
+    let backlog = r.net.cores[1].responder_backlog(r.qp).unwrap();
+    assert!(backlog <= responder::OUT_CAP, "{backlog}");
+    assert!(r.stats().get("resp_queue_full") >= 10_000 - responder::OUT_CAP as u64);
+    assert_eq!(r.stats().hw(HwCounter::SendRnrErr), 10_000);
+    assert_eq!(r.state(), QpState::Rts, "RNR is not an error");
+    assert!(r.answers().len() <= responder::OUT_CAP);
+
+    // 2. READ flood past max_dest_rd_atomic: the queue holds at most 4 READs,
+    //    then the offender's QP goes to ERR.
+    for k in 0..10_000u32 {
+        let f = r.frame(
+            Opcode::RC_RDMA_READ_REQUEST,
+            psn::add(EPSN, 4 * k),
+            write_ext(IOVA, r.rkey, REGION as u32),
+            &[],
+        );
+        r.inject(&f);
+        let backlog = r.net.cores[1].responder_backlog(r.qp).unwrap();
+        assert!(backlog <= 4, "{backlog} after READ {k}");
+    }
+    assert_eq!(r.state(), QpState::Err);
+    assert_eq!(r.stats().get("rx_err_too_many_rd_atomic"), 1);
+    r.answers();
+
+    // 3. The honest QP on the same core still works, every kind of request.
+    let data: Vec<u8> = (0..3000u32).map(|i| (i * 13) as u8).collect();
+    r.net.cores[0]
+        .mr_region_mut(plkey)
+        .unwrap()
+        .write(0, &data)
+        .unwrap();
+    let rl = r.recv_lkey;
+    let sge = [Sge {
+        addr: RECV_IOVA + 1024,
+        length: 3000,
+        lkey: rl,
+    }];
+    r.victim()
+        .post_recv(
+            good,
+            &RecvWr {
+                wr_id: 1,
+                sg_list: &sge,
+            },
+        )
+        .unwrap();
+    let psge = |off: u64, len: u32| Sge {
+        addr: 0x9000 + off,
+        length: len,
+        lkey: plkey,
+    };
+    let wrs = [
+        (1, SendOp::Send, psge(0, 3000)),
+        (
+            2,
+            SendOp::RdmaWrite {
+                remote_addr: IOVA + 8,
+                rkey: r.rkey,
+            },
+            psge(0, 2000),
+        ),
+        (
+            3,
+            SendOp::RdmaRead {
+                remote_addr: IOVA + 8,
+                rkey: r.rkey,
+            },
+            psge(10_000, 2000),
+        ),
+        (
+            4,
+            SendOp::AtomicFetchAdd {
+                remote_addr: IOVA + 2048,
+                rkey: r.rkey,
+                add: 1,
+            },
+            psge(20_000, 8),
+        ),
+    ];
+    for (id, op, s) in wrs {
+        let mut wr = SendWr::new(id, op, std::slice::from_ref(&s));
+        wr.flags.signaled = true;
+        r.net.cores[0].post_send(good_peer, &wr).unwrap();
+    }
+    r.net.run_idle(std::time::Duration::from_secs(2));
+    let mut ids = Vec::new();
+    while let Some(wc) = r.net.cores[0].poll_cq_one(CqHandle(0)) {
+        if wc.qp_num == good_peer {
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            ids.push(wc.wr_id);
+        }
+    }
+    assert_eq!(ids, [1, 2, 3, 4]);
+    assert_eq!(r.victim().qp_state(good), Some(QpState::Rts));
+    let a = r.arena();
+    assert_eq!(&a[r.recv_at + 1024..r.recv_at + 4024], &data[..]);
+    assert_eq!(&a[r.open_at + 8..r.open_at + 2008], &data[..2000]);
+    let back = r.net.cores[0].mr_region(plkey).unwrap();
+    let mut got = vec![0; 2000];
+    back.read(10_000, &mut got).unwrap();
+    assert_eq!(got, data[..2000]);
+}

@@ -837,6 +837,15 @@ impl Core {
         self.rng.next_u32()
     }
 
+    /// Entries the QP's responder still has to send (at most
+    /// [`OUT_CAP`](super::responder::OUT_CAP), whatever the peer sends).
+    pub fn responder_backlog(&self, qpn: u32) -> Option<usize> {
+        Self::slot_of(qpn)
+            .and_then(|s| self.qps.get(s))
+            .and_then(|q| q.as_deref())
+            .map(|q| q.resp.out.len())
+    }
+
     /// Completion status helper for tests and tools: whether a QP is in ERR.
     pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
         Self::slot_of(qpn)

@@ -19,9 +19,11 @@ use super::wqe::{RecvWqe, WcOpcode, WcStatus, WorkCompletion};
 
 /// Bytes of GRH area at the head of a UD receive buffer (ibv_post_recv(3)).
 pub const GRH_LEN: usize = 40;
-/// Responder output entries kept at most; beyond this an entry is dropped
-/// and the requester's retry brings it back.
-const OUT_CAP: usize = 256;
+/// Responder output entries kept at most per QP (ACKs, NAKs, READ
+/// responses, atomic ACKs); beyond this an entry is dropped, counted as
+/// `resp_queue_full`, and the requester's retry brings it back. READ/atomic
+/// entries are further held to max_dest_rd_atomic.
+pub const OUT_CAP: usize = 256;
 
 /// One thing the responder has to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
