@@ -10,6 +10,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod context;
+pub mod counters;
 pub mod cq;
 pub mod decode;
 pub mod device;
