@@ -822,25 +822,30 @@ fn duplicate_atomic_is_never_executed_twice() {
     );
     r.inject(&fa);
     r.inject(&cas);
-    // Each arrives four more times, in both orders.
-    for _ in 0..4 {
+    let mut acks = Vec::new();
+    // Each arrives four more times, in both orders, after its answer went out
+    // (so each copy is answered again, from the saved result)...
+    for _ in 0..5 {
+        for a in r.answers() {
+            assert_eq!(a.opcode, Opcode::RC_ATOMIC_ACKNOWLEDGE);
+            acks.push((a.psn, a.orig));
+        }
         r.inject(&cas);
         r.inject(&fa);
     }
-    let ans = r.answers();
-    let acks: Vec<_> = ans
-        .iter()
-        .filter(|a| a.opcode == Opcode::RC_ATOMIC_ACKNOWLEDGE)
-        .map(|a| (a.psn, a.orig))
-        .collect();
-    assert_eq!(acks.len(), 10, "{ans:?}");
+    // ...and twice more while the answers are still queued (absorbed).
+    r.inject(&fa);
+    r.inject(&cas);
+    assert_eq!(r.stats().get("rx_duplicate_atomic_queued"), 2);
+    acks.extend(r.answers().iter().map(|a| (a.psn, a.orig)));
+    assert_eq!(acks.len(), 12, "{acks:?}");
     for (psn, orig) in acks {
         let want = if psn == EPSN { 100 } else { 105 };
         assert_eq!(orig, Some(want), "the saved result, every time");
     }
     let v = u64::from_ne_bytes(r.arena()[at..at + 8].try_into().unwrap());
     assert_eq!(v, 7, "100 + 5 once, then swapped 105 -> 7 once");
-    assert_eq!(r.stats().hw(HwCounter::DuplicateRequest), 8);
+    assert_eq!(r.stats().hw(HwCounter::DuplicateRequest), 12);
     assert_eq!(r.state(), QpState::Rts);
     r.assert_unchanged_except(&before, &[(at, 8)]);
 }
@@ -1170,4 +1175,89 @@ fn a_flooding_peer_is_bounded_and_only_its_qp_fails() {
     let mut got = vec![0; 2000];
     back.read(10_000, &mut got).unwrap();
     assert_eq!(got, data[..2000]);
+}
+
+/// Frames a core has to send now.
+fn drain_tx(c: &mut Core, now: Instant) -> Vec<Vec<u8>> {
+    let mut buf = vec![0; MAX_FRAME_LEN];
+    let mut v = Vec::new();
+    while let Some(n) = c.poll_transmit(now, &mut buf) {
+        v.push(buf[..n].to_vec());
+    }
+    v
+}
+
+/// A reordered and duplicated response stream: an atomic ACK overtakes the
+/// READ response before it (an implied NAK: go back to the READ), then the
+/// late READ response and a copy of the atomic ACK complete both WQEs before
+/// anything was resent. The next WQE must get a fresh PSN; reusing the READ's
+/// would make the responder take the SEND for a duplicate and acknowledge it
+/// without delivering it (seen in the verbs soak before the fix).
+#[test]
+fn responses_completing_a_retry_early_do_not_recycle_psns() {
+    let mut r = Rig::new();
+    r.post_recv(1, 0, 64);
+    let now = r.net.now;
+    let p = &mut r.net.cores[0];
+    let (lkey, _) = p
+        .reg_mr(
+            PdHandle(0),
+            0x9000,
+            AccessFlags::ALL,
+            Box::new(VecRegion::zeroed(4096)),
+        )
+        .unwrap();
+    let sge = |off: u64, len: u32| Sge {
+        addr: 0x9000 + off,
+        length: len,
+        lkey,
+    };
+    let peer = r.peer_qp;
+    let read = SendOp::RdmaRead {
+        remote_addr: IOVA,
+        rkey: r.rkey,
+    };
+    let faa = SendOp::AtomicFetchAdd {
+        remote_addr: IOVA + 64,
+        rkey: r.rkey,
+        add: 1,
+    };
+    let (s1, s2, s3) = ([sge(0, 64)], [sge(128, 8)], [sge(256, 16)]);
+    let mut wr1 = SendWr::new(1, read, &s1);
+    wr1.flags.signaled = true;
+    p.post_send(peer, &wr1).unwrap();
+    let mut wr2 = SendWr::new(2, faa, &s2);
+    wr2.flags.signaled = true;
+    p.post_send(peer, &wr2).unwrap();
+    for f in drain_tx(&mut r.net.cores[0], now) {
+        r.net.cores[1].handle_frame(now, &f);
+    }
+    let resp = drain_tx(&mut r.net.cores[1], now);
+    assert_eq!(resp.len(), 2, "READ response, atomic ACK");
+    let (read_resp, atomic_ack) = (&resp[0], &resp[1]);
+    for f in [atomic_ack, read_resp, atomic_ack] {
+        r.net.cores[0].handle_frame(now, f);
+    }
+    let wcs: Vec<_> = std::iter::from_fn(|| r.net.cores[0].poll_cq_one(CqHandle(0))).collect();
+    assert_eq!(wcs.len(), 2, "{wcs:?}");
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    // Now a SEND: it must reach the receive.
+    let data = [0x5au8; 16];
+    r.net.cores[0]
+        .mr_region_mut(lkey)
+        .unwrap()
+        .write(256, &data)
+        .unwrap();
+    let mut wr3 = SendWr::new(3, SendOp::Send, &s3);
+    wr3.flags.signaled = true;
+    r.net.cores[0].post_send(peer, &wr3).unwrap();
+    r.net.run_idle(std::time::Duration::from_millis(100));
+    let recvs = r.recv_wcs();
+    assert_eq!(recvs.len(), 1, "the SEND was delivered");
+    assert_eq!(
+        (recvs[0].status, recvs[0].byte_len),
+        (WcStatus::Success, 16)
+    );
+    let at = r.recv_at;
+    assert_eq!(&r.arena()[at..at + 16], &data);
 }

@@ -21,6 +21,7 @@ pub mod mr;
 pub mod pd;
 pub mod perf;
 pub mod qp;
+pub mod soak;
 pub mod srq;
 pub mod wc;
 

@@ -301,6 +301,17 @@ impl Qp {
         if w.rd_counted {
             self.req.rd_atomic = self.req.rd_atomic.saturating_sub(1);
         }
+        // A WQE a go-back-N was about to resend can complete first (a late
+        // READ response or atomic ACK). Its PSNs are used: the next PSN to
+        // hand out must lie past them, or a new WQE would reuse them and the
+        // responder would take it for a duplicate (acknowledged, never
+        // executed). Found by the verbs soak over a lossy link.
+        let started = w.state != WqeState::Posted;
+        let after = psn::add(w.last_psn, 1);
+        if started && psn::diff(self.req.psn, after) < 0 {
+            self.req.psn = after;
+            self.req.noack_pkts = 0;
+        }
         self.sq.pop();
         if self.req.next < self.sq.head {
             self.req.next = self.sq.head;

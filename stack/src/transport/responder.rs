@@ -781,14 +781,6 @@ impl Qp {
             OpKind::Send | OpKind::Write => self
                 .resp
                 .push_ack(psn::add(self.resp.psn, psn::PSN_MASK), msn),
-            OpKind::ReadRequest | OpKind::CompareSwap | OpKind::FetchAdd
-                if self.rd_atomic_pending() >= usize::from(self.attr.max_dest_rd_atomic) =>
-            {
-                // Answering it again would grow the queue past max_dest_rd_atomic;
-                // the requester asks again after its timeout.
-                ctx.stats.count("rx_duplicate_rd_atomic_backlog");
-                return;
-            }
             OpKind::ReadRequest => {
                 let Some(reth) = pkt.repr.ext.reth else {
                     return;
@@ -801,11 +793,11 @@ impl Qp {
                         va,
                         len,
                     } if psn::diff(p, first_psn) >= 0 && psn::diff(p, last_psn) <= 0 => {
-                        Some((rkey, va, len))
+                        Some((first_psn, last_psn, rkey, va, len))
                     }
                     _ => None,
                 });
-                let Some((rkey, va, len)) = found else {
+                let Some((first_psn, last_psn, rkey, va, len)) = found else {
                     ctx.stats.count("rx_duplicate_read_no_resource");
                     return;
                 };
@@ -816,14 +808,32 @@ impl Qp {
                     ctx.stats.count("rx_duplicate_read_mismatch");
                     return;
                 }
-                self.resp.push_out(RespOut::Read {
+                let answer = RespOut::Read {
                     psn: p,
                     rkey,
                     va: reth.va,
                     remaining: reth.dma_len,
                     first: true,
                     msn,
-                })
+                };
+                // Still answering this READ: restart that answer where the
+                // requester now asks, rather than queue a second one (the
+                // queue then holds one entry per READ the requester has out).
+                let queued = self.resp.out.iter_mut().find(|o| {
+                    matches!(**o, RespOut::Read { psn: q, .. }
+                        if psn::diff(q, first_psn) >= 0 && psn::diff(q, last_psn) <= 0)
+                });
+                if let Some(o) = queued {
+                    *o = answer;
+                    true
+                } else if self.rd_atomic_backlog_full().is_some() {
+                    // Answering it again would grow the queue past
+                    // max_dest_rd_atomic; the requester asks again after its timeout.
+                    ctx.stats.count("rx_duplicate_rd_atomic_backlog");
+                    return;
+                } else {
+                    self.resp.push_out(answer)
+                }
             }
             OpKind::CompareSwap | OpKind::FetchAdd => {
                 let found = self.resp.resources.iter().find_map(|r| match *r {
@@ -834,6 +844,20 @@ impl Qp {
                     ctx.stats.count("rx_duplicate_atomic_no_resource");
                     return;
                 };
+                let queued = self
+                    .resp
+                    .out
+                    .iter()
+                    .any(|o| matches!(*o, RespOut::AtomicAck { psn: q, .. } if q == p));
+                if queued {
+                    // Its ACK is about to go out anyway.
+                    ctx.stats.count("rx_duplicate_atomic_queued");
+                    return;
+                }
+                if self.rd_atomic_backlog_full().is_some() {
+                    ctx.stats.count("rx_duplicate_rd_atomic_backlog");
+                    return;
+                }
                 self.resp.push_out(RespOut::AtomicAck { psn: p, orig, msn })
             }
             _ => true,
