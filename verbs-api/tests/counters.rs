@@ -205,9 +205,9 @@ fn devices_stats_shows_a_running_process() {
     let dead = child.id();
     child.wait().unwrap();
     let dir = path.parent().unwrap();
-    let ghost = dir.join(format!("ghost.{dead}.0.stats"));
+    let ghost = dir.join(format!("departed.{dead}.0.stats"));
     let snap = Snapshot {
-        device: "ghost".into(),
+        device: "departed".into(),
         backend: "mem".into(),
         pid: dead,
         state: "open".into(),
@@ -216,7 +216,7 @@ fn devices_stats_shows_a_running_process() {
     };
     std::fs::write(&ghost, snap.to_text()).unwrap();
     let out = devices_stats();
-    assert!(!out.contains("ghost"), "{out}");
+    assert!(!out.contains("\tdeparted\t"), "{out}");
     assert!(!ghost.exists());
 
     // Closing the device writes its last counters, marked closed.
@@ -255,4 +255,27 @@ fn guessed_rkey_end_to_end() {
     let mut mem = vec![0u8; 1 << 16];
     b.mr.read(0, &mut mem).unwrap();
     assert!(mem.iter().all(|x| *x == 0), "nothing written");
+}
+
+#[test]
+fn send_larger_than_the_receive_end_to_end() {
+    let (da, db) = devs(4);
+    let (a, b) = pair(&da, &db);
+    let rsge = [b.mr.sge(0, 100)];
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 9,
+        sg_list: &rsge,
+    }])
+    .unwrap();
+    let ssge = [a.mr.sge(0, 200)];
+    let mut wr = SendWr::new(1, SendOp::Send, &ssge);
+    wr.flags.signaled = true;
+    a.qp.post_send(&[wr]).unwrap();
+    assert_eq!(a.cq.poll_n(1, T).unwrap()[0].status, WcStatus::RemInvReqErr);
+    let wc = b.cq.poll_n(1, T).unwrap()[0];
+    assert_eq!((wc.wr_id, wc.status), (9, WcStatus::LocLenErr));
+    let cb = b.ctx.hw_counters();
+    assert_eq!(get(&cb, "rx_err_length"), 1, "{cb:?}");
+    assert_eq!(get(&cb, "rdma_recvs"), 0);
+    assert_eq!(get(&a.ctx.hw_counters(), "rdma_sends"), 1);
 }
