@@ -1261,3 +1261,42 @@ fn responses_completing_a_retry_early_do_not_recycle_psns() {
     let at = r.recv_at;
     assert_eq!(&r.arena()[at..at + 16], &data);
 }
+
+#[test]
+fn duplicate_read_storm_is_bounded_and_new_reads_still_served() {
+    let mut r = Rig::with(ConnectCfg {
+        path_mtu: MTU,
+        max_rd_atomic: 4,
+        ..ConnectCfg::default()
+    });
+    let read = |r: &Rig, k: u32| {
+        r.frame(
+            Opcode::RC_RDMA_READ_REQUEST,
+            psn::add(EPSN, 4 * k),
+            write_ext(IOVA, r.rkey, REGION as u32),
+            &[],
+        )
+    };
+    // Four READs (4 PSNs each), answered.
+    for k in 0..4 {
+        let f = read(&r, k);
+        r.inject(&f);
+    }
+    assert_eq!(r.answers().len(), 16);
+    // The network replays them a thousand times before we send anything.
+    for i in 0..1000 {
+        let f = read(&r, i % 4);
+        r.inject(&f);
+        let backlog = r.net.cores[1].responder_backlog(r.qp).unwrap();
+        assert!(backlog <= 4, "{backlog} after duplicate {i}");
+    }
+    assert_eq!(r.stats().hw(HwCounter::DuplicateRequest), 1000);
+    // Each copy restarts the one queued replay of its READ instead of adding one.
+    // Replays do not count against new READs: the next one is served.
+    let f = read(&r, 4);
+    r.inject(&f);
+    assert_eq!(r.state(), QpState::Rts);
+    let ans = r.answers();
+    assert_eq!(ans.len(), 5 * 4, "four replays and the new READ");
+    assert_eq!(r.stats().get("rx_err_too_many_rd_atomic"), 0);
+}

@@ -22,7 +22,8 @@ pub const GRH_LEN: usize = 40;
 /// Responder output entries kept at most per QP (ACKs, NAKs, READ
 /// responses, atomic ACKs); beyond this an entry is dropped, counted as
 /// `resp_queue_full`, and the requester's retry brings it back. READ/atomic
-/// entries are further held to max_dest_rd_atomic.
+/// entries are further held to max_dest_rd_atomic first answers plus
+/// max_dest_rd_atomic replays of duplicates.
 pub const OUT_CAP: usize = 256;
 
 /// One thing the responder has to send.
@@ -40,11 +41,14 @@ pub(crate) enum RespOut {
         remaining: u32,
         first: bool,
         msn: u32,
+        /// An answer to a duplicate request (from the saved resource).
+        replay: bool,
     },
     AtomicAck {
         psn: u32,
         orig: u64,
         msn: u32,
+        replay: bool,
     },
 }
 
@@ -638,29 +642,44 @@ impl Qp {
         Outcome::Done { psns: 1, end: true }
     }
 
-    /// READ responses and atomic ACKs still to send: each is a READ/atomic
-    /// the requester counts as outstanding.
-    fn rd_atomic_pending(&self) -> usize {
-        self.resp
-            .out
-            .iter()
-            .filter(|o| matches!(o, RespOut::Read { .. } | RespOut::AtomicAck { .. }))
-            .count()
+    /// READ responses and atomic ACKs still to send, as (first answers,
+    /// replays). Each first answer is a READ/atomic the requester still
+    /// counts as outstanding (its last response has not even left), so
+    /// their number never exceeds the requester's max_rd_atomic. Replays
+    /// answer duplicates, which the network may deliver late, after the
+    /// requester is done: they are bounded separately.
+    fn rd_atomic_pending(&self) -> (usize, usize) {
+        self.resp.out.iter().fold((0, 0), |(n, r), o| match *o {
+            RespOut::Read { replay, .. } | RespOut::AtomicAck { replay, .. } => {
+                if replay {
+                    (n, r + 1)
+                } else {
+                    (n + 1, r)
+                }
+            }
+            RespOut::Ack { .. } => (n, r),
+        })
     }
 
     /// A new READ/atomic while max_dest_rd_atomic of them are still being
-    /// answered: the requester broke its max_rd_atomic (which the CM keeps
-    /// at most our max_dest_rd_atomic). rxe (check_resource) recycles its
-    /// oldest resource instead, but it answers READs inline; we queue, so we
-    /// refuse as rxe does for max_dest_rd_atomic = 0: RESPST_ERR_TOO_MANY_RDMA_ATM_REQ,
-    /// a class C Invalid Request. This keeps the queue bounded per QP.
+    /// answered: the requester broke its max_rd_atomic (which connection
+    /// set-up keeps at most our max_dest_rd_atomic). IBTA lists "too many
+    /// RDMA READ or ATOMIC requests" as an Invalid Request (rxe's
+    /// RESPST_ERR_TOO_MANY_RDMA_ATM_REQ, class C). rxe itself recycles its
+    /// oldest resource, but it answers READs inline; we queue, so we refuse:
+    /// this keeps the queue bounded per QP.
     fn rd_atomic_backlog_full(&self) -> Option<Outcome> {
         let max = usize::from(self.attr.max_dest_rd_atomic);
-        (max == 0 || self.rd_atomic_pending() >= max).then_some(Outcome::Fatal(
+        (max == 0 || self.rd_atomic_pending().0 >= max).then_some(Outcome::Fatal(
             NakCode::InvalidRequest,
             WcStatus::RemInvReqErr,
             "rx_err_too_many_rd_atomic",
         ))
+    }
+
+    /// Room for one more replay (at most max_dest_rd_atomic queued).
+    fn replay_room(&self) -> bool {
+        self.rd_atomic_pending().1 < usize::from(self.attr.max_dest_rd_atomic)
     }
 
     fn exec_read(&mut self, pkt: &ParsedPacket<'_>, ctx: &mut Ctx<'_>) -> Outcome {
@@ -711,6 +730,7 @@ impl Qp {
             remaining: reth.dma_len,
             first: true,
             msn,
+            replay: false,
         };
         if !self.resp.push_out(out) {
             ctx.stats.count("resp_queue_full");
@@ -761,7 +781,12 @@ impl Qp {
         self.resp.store(Resource::Atomic { psn: p, orig });
         self.resp.msn = psn::add(self.resp.msn, 1);
         let msn = self.resp.msn;
-        if !self.resp.push_out(RespOut::AtomicAck { psn: p, orig, msn }) {
+        if !self.resp.push_out(RespOut::AtomicAck {
+            psn: p,
+            orig,
+            msn,
+            replay: false,
+        }) {
             ctx.stats.count("resp_queue_full");
         }
         Outcome::Done {
@@ -808,13 +833,14 @@ impl Qp {
                     ctx.stats.count("rx_duplicate_read_mismatch");
                     return;
                 }
-                let answer = RespOut::Read {
+                let mut answer = RespOut::Read {
                     psn: p,
                     rkey,
                     va: reth.va,
                     remaining: reth.dma_len,
                     first: true,
                     msn,
+                    replay: true,
                 };
                 // Still answering this READ: restart that answer where the
                 // requester now asks, rather than queue a second one (the
@@ -824,9 +850,15 @@ impl Qp {
                         if psn::diff(q, first_psn) >= 0 && psn::diff(q, last_psn) <= 0)
                 });
                 if let Some(o) = queued {
+                    // It keeps its place, and whether it is a first answer.
+                    if let (RespOut::Read { replay: was, .. }, RespOut::Read { replay, .. }) =
+                        (&*o, &mut answer)
+                    {
+                        *replay = *was;
+                    }
                     *o = answer;
                     true
-                } else if self.rd_atomic_backlog_full().is_some() {
+                } else if !self.replay_room() {
                     // Answering it again would grow the queue past
                     // max_dest_rd_atomic; the requester asks again after its timeout.
                     ctx.stats.count("rx_duplicate_rd_atomic_backlog");
@@ -854,11 +886,16 @@ impl Qp {
                     ctx.stats.count("rx_duplicate_atomic_queued");
                     return;
                 }
-                if self.rd_atomic_backlog_full().is_some() {
+                if !self.replay_room() {
                     ctx.stats.count("rx_duplicate_rd_atomic_backlog");
                     return;
                 }
-                self.resp.push_out(RespOut::AtomicAck { psn: p, orig, msn })
+                self.resp.push_out(RespOut::AtomicAck {
+                    psn: p,
+                    orig,
+                    msn,
+                    replay: true,
+                })
             }
             _ => true,
         };
@@ -926,7 +963,7 @@ impl Qp {
                 repr.ext = ext;
                 repr.emit(buf, &[])
             }
-            RespOut::AtomicAck { psn, orig, msn } => {
+            RespOut::AtomicAck { psn, orig, msn, .. } => {
                 self.resp.out.pop_front();
                 repr.bth.opcode = Opcode::RC_ATOMIC_ACKNOWLEDGE;
                 repr.bth.psn = psn;
@@ -942,6 +979,7 @@ impl Qp {
                 remaining,
                 first,
                 msn,
+                ..
             } => {
                 let n = remaining.min(self.attr.path_mtu);
                 let last = n == remaining;
