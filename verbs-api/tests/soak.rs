@@ -30,7 +30,7 @@ fn soak_for(secs: u64) {
         .map(|(k, n)| format!("{k} {n}"))
         .collect();
     eprintln!(
-        "soak {:?}: {} ops ({}), {} bytes; RSS {} KiB after warm-up, {} KiB at the end; \
+        "soak {:?}: {} ops ({}), {} bytes; RSS {} KiB after warm-up, {} KiB at the end (samples {:?}); \
          a: completer_retry_err {} retry_exceeded_err {} rcvd_seq_err {}; \
          b: duplicate_request {} out_of_seq_request {} rx_icrc_err {}",
         r.elapsed,
@@ -39,6 +39,7 @@ fn soak_for(secs: u64) {
         r.bytes,
         r.rss_start_kib,
         r.rss_end_kib,
+        r.rss_samples_kib,
         r.counter(0, "completer_retry_err"),
         r.counter(0, "retry_exceeded_err"),
         r.counter(0, "rcvd_seq_err"),

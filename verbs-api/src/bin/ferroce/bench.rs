@@ -722,7 +722,7 @@ fn soak(d: Duration, json: bool) -> i32 {
     let v = serde_json::json!({
         "seconds": r.elapsed.as_secs_f64(), "ops": r.total_ops(), "per_kind": ops,
         "bytes": r.bytes, "rss_start_kib": r.rss_start_kib, "rss_end_kib": r.rss_end_kib,
-        "rss_flat": flat, "retries": r.counter(0, "completer_retry_err"),
+        "rss_samples_kib": r.rss_samples_kib, "rss_flat": flat, "retries": r.counter(0, "completer_retry_err"),
         "duplicates_seen": r.counter(1, "duplicate_request"),
     });
     if json {
