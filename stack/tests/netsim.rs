@@ -582,6 +582,9 @@ fn dbg_soak() {
     let loss = env_u64("DBG_LOSS", 0) as f64 / 100.0;
     let link = LinkConfig {
         loss,
+        reorder: env_u64("DBG_REORDER", 0) as f64 / 100.0,
+        reorder_depth: 8,
+        latency: Duration::from_micros(env_u64("DBG_LAT_US", 2)),
         ..LinkConfig::perfect()
     };
     run(SoakCfg {

@@ -76,6 +76,7 @@ impl Drop for Shared {
         if let Some(t) = t {
             let _ = t.join();
         }
+        self.engine.lock().publish_closed();
     }
 }
 
@@ -196,7 +197,9 @@ impl Context {
             max_inline_data: c.max_inline_data,
             max_msg_size: c.max_msg_size,
         };
-        let engine = Arc::new(Engine::new(Inner::new(Core::new(c, seed), io), opts.mode));
+        let mut inner = Inner::new(Core::new(c, seed), io);
+        inner.publisher = crate::counters::Publisher::new(&name, backend);
+        let engine = Arc::new(Engine::new(inner, opts.mode));
         let thread = match opts.mode {
             EngineMode::Thread => {
                 let e = Arc::clone(&engine);
@@ -270,6 +273,21 @@ impl Context {
             core: inner.core.stats().clone(),
             io: inner.io.stats(),
         }
+    }
+
+    /// The counters by name, as rxe shows them in
+    /// `/sys/class/infiniband/<dev>/ports/1/hw_counters`: rxe's fifteen first
+    /// (sent_pkts, rcvd_pkts, duplicate_request, ...) in rxe's order, then
+    /// ferroce's totals and every drop reason.
+    pub fn hw_counters(&self) -> Vec<(&'static str, u64)> {
+        self.shared.engine.lock().core.stats().named()
+    }
+
+    /// The file other processes read these counters from (`None` when
+    /// publishing is off or no directory was writable).
+    pub fn stats_path(&self) -> Option<std::path::PathBuf> {
+        let inner = self.shared.engine.lock();
+        inner.publisher.as_ref().map(|p| p.path().to_path_buf())
     }
 
     pub fn alloc_pd(&self) -> ProtectionDomain {

@@ -36,6 +36,8 @@ pub(crate) struct Inner {
     pub core: Core,
     pub io: Box<dyn PacketIo>,
     epoch: std::time::Instant,
+    /// Writes the counters for `ferroce devices --stats` about once a second.
+    pub publisher: Option<crate::counters::Publisher>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -52,6 +54,7 @@ impl Inner {
             core,
             io,
             epoch: std::time::Instant::now(),
+            publisher: None,
         }
     }
 
@@ -95,7 +98,18 @@ impl Inner {
                 self.core.handle_timeout(now);
             }
         }
-        Ok(moved + self.flush_tx(now)?)
+        let sent = self.flush_tx(now)?;
+        if let Some(p) = self.publisher.as_mut().filter(|p| p.due()) {
+            p.write(&self.core.stats().named(), false);
+        }
+        Ok(moved + sent)
+    }
+
+    /// The last snapshot, when the device closes.
+    pub fn publish_closed(&mut self) {
+        if let Some(mut p) = self.publisher.take() {
+            p.write(&self.core.stats().named(), true);
+        }
     }
 
     /// How long the engine may sleep before the core needs it again.

@@ -37,6 +37,9 @@ pub enum Error {
     /// An I/O error outside the packet engine (files, commands).
     #[error("{0}: {1}")]
     Io(&'static str, std::io::Error),
+    /// The soak found lost or wrong data, a failed work request or a stuck QP.
+    #[error("soak: {0}")]
+    Soak(String),
 }
 
 /// The verbs layer's result type.

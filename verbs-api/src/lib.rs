@@ -10,6 +10,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod context;
+pub mod counters;
 pub mod cq;
 pub mod decode;
 pub mod device;
@@ -20,6 +21,7 @@ pub mod mr;
 pub mod pd;
 pub mod perf;
 pub mod qp;
+pub mod soak;
 pub mod srq;
 pub mod wc;
 

@@ -4,6 +4,7 @@
 use crate::wire::aeth::{NakCode, Syndrome};
 use crate::wire::{OpKind, ParsedPacket, Position};
 
+use super::counters::HwCounter;
 use super::device::{AsyncEvent, Ctx};
 use super::dma;
 use super::psn;
@@ -151,10 +152,12 @@ impl Qp {
             }
             Syndrome::RnrNak { timer } => {
                 ctx.stats.rnr_naks_received += 1;
+                ctx.stats.inc(HwCounter::RcvdRnrErr);
                 // C9-128: packets before the NAKed PSN are acknowledged.
                 self.req.comp_psn = p;
                 while self.complete_implied(ctx) {}
                 if self.req.rnr_retry == 0 {
+                    ctx.stats.inc(HwCounter::RetryRnrExceededErr);
                     self.fail_send(head, WcStatus::RnrRetryExcErr, ctx);
                     return;
                 }
@@ -167,6 +170,7 @@ impl Qp {
             }
             Syndrome::Nak(NakCode::PsnSequenceError) => {
                 ctx.stats.naks_received += 1;
+                ctx.stats.inc(HwCounter::RcvdSeqErr);
                 self.req.comp_psn = p;
                 while self.complete_implied(ctx) {}
                 self.retry_or_fail(ctx, false);
@@ -248,12 +252,15 @@ impl Qp {
         }
         if self.req.retry_cnt == 0 {
             let head = self.sq.head;
+            ctx.stats.inc(HwCounter::RetryExceededErr);
             self.fail_send(head, WcStatus::RetryExcErr, ctx);
             return;
         }
         if self.attr.retry_cnt != 7 {
             self.req.retry_cnt -= 1;
         }
+        // rxe_comp.c COMPST_ERROR_RETRY counts each go-back-N it starts.
+        ctx.stats.inc(HwCounter::CompleterRetryErr);
         self.start_retry(ctx);
     }
 
@@ -282,6 +289,10 @@ impl Qp {
         let head = self.sq.head;
         let w = self.sq.at(head);
         let signaled = self.sq_sig_all || w.flags.signaled;
+        if w.op.is_send() && status != WcStatus::WrFlushErr {
+            // rxe_comp.c do_complete: every SEND WQE retired, signaled or not.
+            ctx.stats.inc(HwCounter::RdmaSends);
+        }
         if signaled || status != WcStatus::Success {
             let mut wc = WorkCompletion::new(w.wr_id, status, w.op.wc_opcode(), self.qpn);
             wc.byte_len = w.len as u32;
@@ -289,6 +300,17 @@ impl Qp {
         }
         if w.rd_counted {
             self.req.rd_atomic = self.req.rd_atomic.saturating_sub(1);
+        }
+        // A WQE a go-back-N was about to resend can complete first (a late
+        // READ response or atomic ACK). Its PSNs are used: the next PSN to
+        // hand out must lie past them, or a new WQE would reuse them and the
+        // responder would take it for a duplicate (acknowledged, never
+        // executed). Found by the verbs soak over a lossy link.
+        let started = w.state != WqeState::Posted;
+        let after = psn::add(w.last_psn, 1);
+        if started && psn::diff(self.req.psn, after) < 0 {
+            self.req.psn = after;
+            self.req.noack_pkts = 0;
         }
         self.sq.pop();
         if self.req.next < self.sq.head {

@@ -18,13 +18,14 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 
 use crate::wire::{bth, ParsedPacket, Transport};
 
+use super::counters::{HwCounter, HwCounters};
 use super::cq::{Cq, CqHandle};
 use super::error::VerbsError;
 use super::mr::{AccessFlags, MemoryRegion, MrTable, PdHandle};
 use super::qp::{check_modify, Qp, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType};
 use super::srq::{Srq, SrqHandle};
 use super::timers::Instant;
-use super::wqe::{RecvWr, SendOp, SendWr, WcStatus, WorkCompletion, MAX_SGE};
+use super::wqe::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, MAX_SGE};
 
 /// Limits of a core (what ibv_query_device would report).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +93,8 @@ pub struct Stats {
     pub rnr_naks_received: u64,
     /// Drops and oddities by name (wire errors use `wire::Error::counter_name`).
     pub drops: BTreeMap<&'static str, u64>,
+    /// rxe's hw_counters, same names and events.
+    pub hw: HwCounters,
 }
 
 impl Stats {
@@ -100,6 +103,31 @@ impl Stats {
     }
     pub fn get(&self, what: &str) -> u64 {
         self.drops.get(what).copied().unwrap_or(0)
+    }
+    pub fn inc(&mut self, c: HwCounter) {
+        self.hw.inc(c);
+    }
+    pub fn hw(&self, c: HwCounter) -> u64 {
+        self.hw.get(c)
+    }
+    /// Every counter by name: rxe's hw_counters in rxe's order, then
+    /// ferroce's own totals, then each drop reason (sorted by name).
+    pub fn named(&self) -> Vec<(&'static str, u64)> {
+        let mut v: Vec<(&'static str, u64)> = self.hw.iter().collect();
+        v.extend([
+            ("rx_frames", self.rx_frames),
+            ("tx_packets", self.tx_packets),
+            ("retransmits", self.retransmits),
+            ("timeouts", self.timeouts),
+            ("duplicates", self.duplicates),
+            ("out_of_sequence", self.out_of_sequence),
+            ("naks_sent", self.naks_sent),
+            ("naks_received", self.naks_received),
+            ("rnr_naks_sent", self.rnr_naks_sent),
+            ("rnr_naks_received", self.rnr_naks_received),
+        ]);
+        v.extend(self.drops.iter().map(|(k, n)| (*k, *n)));
+        v
     }
 }
 
@@ -116,6 +144,11 @@ pub(crate) struct Ctx<'a> {
 
 impl Ctx<'_> {
     pub fn complete(&mut self, cq: CqHandle, wc: WorkCompletion) {
+        if wc.status == WcStatus::Success
+            && matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+        {
+            self.stats.inc(HwCounter::RdmaRecvs);
+        }
         if let Some(Some(c)) = self.cqs.get_mut(cq.0 as usize) {
             let was = c.overflowed;
             if c.push(wc).is_err() && !was {
@@ -681,6 +714,16 @@ impl Core {
             ctx.stats.count("rx_unknown_qp");
             return;
         };
+        // rxe: rxe_recv.c check_type_state — requests need RTR or later,
+        // responses RTS or later; a QP in RESET/INIT hears nothing.
+        if matches!(qp.state, QpState::Reset | QpState::Init) {
+            ctx.stats.count(if info.is_request() {
+                "rx_request_bad_state"
+            } else {
+                "rx_response_bad_state"
+            });
+            return;
+        }
         let want = match qp.qp_type {
             QpType::Rc => Transport::Rc,
             QpType::Uc => Transport::Uc,
@@ -699,6 +742,8 @@ impl Core {
             ctx.stats.count("rx_wrong_source");
             return;
         }
+        // rxe: rxe_rcv counts what passed its header checks and reached a QP.
+        ctx.stats.inc(HwCounter::RcvdPkts);
         if info.is_request() {
             qp.handle_request(&pkt, &mut ctx);
         } else {
@@ -790,6 +835,15 @@ impl Core {
     pub fn random_u32(&mut self) -> u32 {
         use rand::RngCore;
         self.rng.next_u32()
+    }
+
+    /// Entries the QP's responder still has to send (at most
+    /// [`OUT_CAP`](super::responder::OUT_CAP), whatever the peer sends).
+    pub fn responder_backlog(&self, qpn: u32) -> Option<usize> {
+        Self::slot_of(qpn)
+            .and_then(|s| self.qps.get(s))
+            .and_then(|q| q.as_deref())
+            .map(|q| q.resp.out.len())
     }
 
     /// Completion status helper for tests and tools: whether a QP is in ERR.

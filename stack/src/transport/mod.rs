@@ -7,6 +7,7 @@
 //! ([`requester`]), responder ([`responder`]) and completer ([`completer`]).
 
 pub mod completer;
+pub mod counters;
 pub mod cq;
 pub mod device;
 pub mod dma;
@@ -20,6 +21,7 @@ pub mod srq;
 pub mod timers;
 pub mod wqe;
 
+pub use counters::{HwCounter, HwCounters};
 pub use cq::CqHandle;
 pub use device::{AsyncEvent, Config, Core, Stats};
 pub use error::{ModifyError, VerbsError};

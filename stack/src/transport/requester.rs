@@ -8,6 +8,7 @@
 
 use crate::wire::{atomic_eth, deth, ieth, immdt, reth, ExtHeaders, Opcode, PacketRepr};
 
+use super::counters::HwCounter;
 use super::device::Ctx;
 use super::dma;
 use super::psn;
@@ -272,6 +273,7 @@ impl Qp {
             Ok(n) => n,
             Err(_) => {
                 ctx.stats.count("tx_emit_error");
+                ctx.stats.inc(HwCounter::SendErr);
                 return None;
             }
         };
@@ -281,6 +283,7 @@ impl Qp {
             return None;
         }
         ctx.stats.tx_packets += 1;
+        ctx.stats.inc(HwCounter::SentPkts);
         self.req.noack_pkts = if repr.bth.ack_req {
             0
         } else {

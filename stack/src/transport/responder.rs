@@ -8,6 +8,7 @@ use std::collections::VecDeque;
 use crate::wire::aeth::{self, NakCode, Syndrome};
 use crate::wire::{atomic_ack_eth, ExtHeaders, IpHeader, OpKind, Opcode, ParsedPacket, Position};
 
+use super::counters::HwCounter;
 use super::device::{AsyncEvent, Ctx};
 use super::dma;
 use super::mr::{AccessError, AccessFlags};
@@ -18,9 +19,12 @@ use super::wqe::{RecvWqe, WcOpcode, WcStatus, WorkCompletion};
 
 /// Bytes of GRH area at the head of a UD receive buffer (ibv_post_recv(3)).
 pub const GRH_LEN: usize = 40;
-/// Responder output entries kept at most; beyond this an entry is dropped
-/// and the requester's retry brings it back.
-const OUT_CAP: usize = 256;
+/// Responder output entries kept at most per QP (ACKs, NAKs, READ
+/// responses, atomic ACKs); beyond this an entry is dropped, counted as
+/// `resp_queue_full`, and the requester's retry brings it back. READ/atomic
+/// entries are further held to max_dest_rd_atomic first answers plus
+/// max_dest_rd_atomic replays of duplicates.
+pub const OUT_CAP: usize = 256;
 
 /// One thing the responder has to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,11 +41,14 @@ pub(crate) enum RespOut {
         remaining: u32,
         first: bool,
         msn: u32,
+        /// An answer to a duplicate request (from the saved resource).
+        replay: bool,
     },
     AtomicAck {
         psn: u32,
         orig: u64,
         msn: u32,
+        replay: bool,
     },
 }
 
@@ -182,13 +189,24 @@ enum Outcome {
     Rnr,
     /// A class B/C/D error: NAK with the code, complete the receive with the
     /// status, QP to ERR (RC); UC drops the message.
-    Fatal(NakCode, WcStatus),
+    Fatal(NakCode, WcStatus, &'static str),
 }
 
-fn access_status(e: AccessError) -> (NakCode, WcStatus) {
+fn access_status(e: AccessError) -> (NakCode, WcStatus, &'static str) {
     match e {
-        AccessError::Misaligned => (NakCode::InvalidRequest, WcStatus::RemInvReqErr),
-        _ => (NakCode::RemoteAccessError, WcStatus::RemAccessErr),
+        // rxe_resp.c: RESPST_ERR_MISALIGNED_ATOMIC is a class C Invalid Request.
+        AccessError::Misaligned => (
+            NakCode::InvalidRequest,
+            WcStatus::RemInvReqErr,
+            "rx_err_misaligned_atomic",
+        ),
+        // Bad or stale key, another PD, no right, or a range outside the
+        // region: rxe's RESPST_ERR_RKEY_VIOLATION, NAK Remote Access Error.
+        _ => (
+            NakCode::RemoteAccessError,
+            WcStatus::RemAccessErr,
+            "rx_err_rkey_violation",
+        ),
     }
 }
 
@@ -262,6 +280,8 @@ impl Qp {
             if d > 0 {
                 ctx.stats.out_of_sequence += 1;
                 if !self.resp.nak_sent {
+                    // rxe_resp.c check_psn: counted with the one NAK per gap.
+                    ctx.stats.inc(HwCounter::OutOfSeqRequest);
                     self.resp.nak_sent = true;
                     let (e, m) = (self.resp.psn, self.resp.msn);
                     self.push_nak(NakCode::PsnSequenceError, e, m, ctx);
@@ -301,7 +321,11 @@ impl Qp {
             LastOp::Write => cont && info.kind == OpKind::Write,
         };
         let outcome = if !seq_ok {
-            Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr)
+            Outcome::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::RemInvReqErr,
+                "rx_err_missing_opcode",
+            )
         } else {
             // check_op_valid: the QP's remote access flags.
             let acc = self.attr.qp_access_flags;
@@ -312,14 +336,22 @@ impl Qp {
                 _ => true,
             };
             if !allowed {
-                Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr)
+                Outcome::Fatal(
+                    NakCode::InvalidRequest,
+                    WcStatus::RemInvReqErr,
+                    "rx_err_unsupported_opcode",
+                )
             } else {
                 match info.kind {
                     OpKind::Send => self.exec_send(pkt, ctx),
                     OpKind::Write => self.exec_write(pkt, ctx),
                     OpKind::ReadRequest => self.exec_read(pkt, ctx),
                     OpKind::CompareSwap | OpKind::FetchAdd => self.exec_atomic(pkt, ctx),
-                    _ => Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr),
+                    _ => Outcome::Fatal(
+                        NakCode::InvalidRequest,
+                        WcStatus::RemInvReqErr,
+                        "rx_err_unsupported_opcode",
+                    ),
                 }
             }
         };
@@ -348,6 +380,7 @@ impl Qp {
             Outcome::Rnr => {
                 if rc {
                     ctx.stats.rnr_naks_sent += 1;
+                    ctx.stats.inc(HwCounter::SendRnrErr);
                     self.resp.nak_sent = true;
                     let syn = Syndrome::RnrNak {
                         timer: self.attr.min_rnr_timer,
@@ -366,7 +399,8 @@ impl Qp {
                     self.resp.psn = psn::add(p, 1);
                 }
             }
-            Outcome::Fatal(code, status) => {
+            Outcome::Fatal(code, status, why) => {
+                ctx.stats.count(why);
                 if rc {
                     if self.resp.has_cur {
                         self.complete_recv_error(status, ctx);
@@ -451,14 +485,26 @@ impl Qp {
         let mtu = self.mtu();
         // check_length: FIRST/MIDDLE carry exactly one MTU (C9-?? / rxe check_length).
         if n > mtu || (!last && n != mtu) {
-            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+            return Outcome::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::RemInvReqErr,
+                "rx_err_length",
+            );
         }
         if self.resp.cur_offset + n > self.resp.cur.len {
-            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::LocLenErr);
+            return Outcome::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::LocLenErr,
+                "rx_err_length",
+            );
         }
         let off = self.resp.cur_offset;
         if dma::scatter(ctx.mrs, self.pd, &self.resp.cur.sges, off, pkt.payload).is_err() {
-            return Outcome::Fatal(NakCode::RemoteOperationalError, WcStatus::LocProtErr);
+            return Outcome::Fatal(
+                NakCode::RemoteOperationalError,
+                WcStatus::LocProtErr,
+                "rx_err_malformed_wqe",
+            );
         }
         self.resp.cur_offset += n;
         if !last {
@@ -479,7 +525,11 @@ impl Qp {
         wc.solicited = pkt.repr.bth.solicited;
         if let Some(ieth) = pkt.repr.ext.ieth {
             if ctx.mrs.invalidate(ieth.rkey, self.pd).is_err() {
-                return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                return Outcome::Fatal(
+                    NakCode::InvalidRequest,
+                    WcStatus::RemInvReqErr,
+                    "rx_err_invalidate",
+                );
             }
             wc.invalidated_rkey = Some(ieth.rkey);
         }
@@ -495,8 +545,20 @@ impl Qp {
         let last = info.is_last_or_only();
         if first {
             let Some(reth) = pkt.repr.ext.reth else {
-                return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                return Outcome::Fatal(
+                    NakCode::InvalidRequest,
+                    WcStatus::RemInvReqErr,
+                    "rx_err_malformed",
+                );
             };
+            // rxe check_length: no RDMA message is longer than 2^31 bytes.
+            if reth.dma_len > 1 << 31 {
+                return Outcome::Fatal(
+                    NakCode::InvalidRequest,
+                    WcStatus::RemInvReqErr,
+                    "rx_err_length",
+                );
+            }
             // check_rkey; a zero-length WRITE touches no memory and is not checked (C9-88).
             if reth.dma_len > 0 {
                 if let Err(e) = ctx.mrs.check(
@@ -506,8 +568,8 @@ impl Qp {
                     u64::from(reth.dma_len),
                     AccessFlags::REMOTE_WRITE,
                 ) {
-                    let (code, st) = access_status(e);
-                    return Outcome::Fatal(code, st);
+                    let (code, st, why) = access_status(e);
+                    return Outcome::Fatal(code, st, why);
                 }
             }
             self.resp.write = WriteCtx {
@@ -521,7 +583,11 @@ impl Qp {
         let mtu = self.attr.path_mtu;
         let w = self.resp.write;
         if n > mtu || (!last && n != mtu) || n > w.resid || (last && n != w.resid) {
-            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+            return Outcome::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::RemInvReqErr,
+                "rx_err_length",
+            );
         }
         let imm = pkt.repr.ext.immdt;
         if imm.is_some() && !self.take_recv(ctx) {
@@ -537,12 +603,16 @@ impl Qp {
             ) {
                 Ok((mr, off)) => {
                     if mr.region.write(off, pkt.payload).is_err() {
-                        return Outcome::Fatal(NakCode::RemoteAccessError, WcStatus::RemAccessErr);
+                        return Outcome::Fatal(
+                            NakCode::RemoteAccessError,
+                            WcStatus::RemAccessErr,
+                            "rx_err_rkey_violation",
+                        );
                     }
                 }
                 Err(e) => {
-                    let (code, st) = access_status(e);
-                    return Outcome::Fatal(code, st);
+                    let (code, st, why) = access_status(e);
+                    return Outcome::Fatal(code, st, why);
                 }
             }
         }
@@ -572,12 +642,63 @@ impl Qp {
         Outcome::Done { psns: 1, end: true }
     }
 
+    /// READ responses and atomic ACKs still to send, as (first answers,
+    /// replays). Each first answer is a READ/atomic the requester still
+    /// counts as outstanding (its last response has not even left), so
+    /// their number never exceeds the requester's max_rd_atomic. Replays
+    /// answer duplicates, which the network may deliver late, after the
+    /// requester is done: they are bounded separately.
+    fn rd_atomic_pending(&self) -> (usize, usize) {
+        self.resp.out.iter().fold((0, 0), |(n, r), o| match *o {
+            RespOut::Read { replay, .. } | RespOut::AtomicAck { replay, .. } => {
+                if replay {
+                    (n, r + 1)
+                } else {
+                    (n + 1, r)
+                }
+            }
+            RespOut::Ack { .. } => (n, r),
+        })
+    }
+
+    /// A new READ/atomic while max_dest_rd_atomic of them are still being
+    /// answered: the requester broke its max_rd_atomic (which connection
+    /// set-up keeps at most our max_dest_rd_atomic). IBTA lists "too many
+    /// RDMA READ or ATOMIC requests" as an Invalid Request (rxe's
+    /// RESPST_ERR_TOO_MANY_RDMA_ATM_REQ, class C). rxe itself recycles its
+    /// oldest resource, but it answers READs inline; we queue, so we refuse:
+    /// this keeps the queue bounded per QP.
+    fn rd_atomic_backlog_full(&self) -> Option<Outcome> {
+        let max = usize::from(self.attr.max_dest_rd_atomic);
+        (max == 0 || self.rd_atomic_pending().0 >= max).then_some(Outcome::Fatal(
+            NakCode::InvalidRequest,
+            WcStatus::RemInvReqErr,
+            "rx_err_too_many_rd_atomic",
+        ))
+    }
+
+    /// Room for one more replay (at most max_dest_rd_atomic queued).
+    fn replay_room(&self) -> bool {
+        self.rd_atomic_pending().1 < usize::from(self.attr.max_dest_rd_atomic)
+    }
+
     fn exec_read(&mut self, pkt: &ParsedPacket<'_>, ctx: &mut Ctx<'_>) -> Outcome {
         let Some(reth) = pkt.repr.ext.reth else {
-            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+            return Outcome::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::RemInvReqErr,
+                "rx_err_malformed",
+            );
         };
-        if self.attr.max_dest_rd_atomic == 0 || reth.dma_len > 1 << 31 {
-            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        if reth.dma_len > 1 << 31 {
+            return Outcome::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::RemInvReqErr,
+                "rx_err_length",
+            );
+        }
+        if let Some(o) = self.rd_atomic_backlog_full() {
+            return o;
         }
         if reth.dma_len > 0 {
             if let Err(e) = ctx.mrs.check(
@@ -587,8 +708,8 @@ impl Qp {
                 u64::from(reth.dma_len),
                 AccessFlags::REMOTE_READ,
             ) {
-                let (code, st) = access_status(e);
-                return Outcome::Fatal(code, st);
+                let (code, st, why) = access_status(e);
+                return Outcome::Fatal(code, st, why);
             }
         }
         let p = pkt.repr.bth.psn;
@@ -609,6 +730,7 @@ impl Qp {
             remaining: reth.dma_len,
             first: true,
             msn,
+            replay: false,
         };
         if !self.resp.push_out(out) {
             ctx.stats.count("resp_queue_full");
@@ -621,10 +743,14 @@ impl Qp {
 
     fn exec_atomic(&mut self, pkt: &ParsedPacket<'_>, ctx: &mut Ctx<'_>) -> Outcome {
         let Some(a) = pkt.repr.ext.atomic_eth else {
-            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+            return Outcome::Fatal(
+                NakCode::InvalidRequest,
+                WcStatus::RemInvReqErr,
+                "rx_err_malformed",
+            );
         };
-        if self.attr.max_dest_rd_atomic == 0 {
-            return Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        if let Some(o) = self.rd_atomic_backlog_full() {
+            return o;
         }
         let cas = pkt.repr.bth.opcode == Opcode::RC_COMPARE_SWAP;
         let orig = match ctx.mrs.check_atomic(a.rkey, self.pd, a.va) {
@@ -637,13 +763,17 @@ impl Qp {
                 match r {
                     Ok(v) => v,
                     Err(_) => {
-                        return Outcome::Fatal(NakCode::RemoteAccessError, WcStatus::RemAccessErr)
+                        return Outcome::Fatal(
+                            NakCode::RemoteAccessError,
+                            WcStatus::RemAccessErr,
+                            "rx_err_rkey_violation",
+                        )
                     }
                 }
             }
             Err(e) => {
-                let (code, st) = access_status(e);
-                return Outcome::Fatal(code, st);
+                let (code, st, why) = access_status(e);
+                return Outcome::Fatal(code, st, why);
             }
         };
         let p = pkt.repr.bth.psn;
@@ -651,7 +781,12 @@ impl Qp {
         self.resp.store(Resource::Atomic { psn: p, orig });
         self.resp.msn = psn::add(self.resp.msn, 1);
         let msn = self.resp.msn;
-        if !self.resp.push_out(RespOut::AtomicAck { psn: p, orig, msn }) {
+        if !self.resp.push_out(RespOut::AtomicAck {
+            psn: p,
+            orig,
+            msn,
+            replay: false,
+        }) {
             ctx.stats.count("resp_queue_full");
         }
         Outcome::Done {
@@ -663,6 +798,7 @@ impl Qp {
     /// A request with a PSN we already passed (rxe: rxe_resp.c duplicate_request).
     fn duplicate_request(&mut self, pkt: &ParsedPacket<'_>, ctx: &mut Ctx<'_>) {
         ctx.stats.duplicates += 1;
+        ctx.stats.inc(HwCounter::DuplicateRequest);
         let p = pkt.repr.bth.psn;
         let msn = self.resp.msn;
         let pushed = match pkt.opcode_info().kind {
@@ -682,11 +818,11 @@ impl Qp {
                         va,
                         len,
                     } if psn::diff(p, first_psn) >= 0 && psn::diff(p, last_psn) <= 0 => {
-                        Some((rkey, va, len))
+                        Some((first_psn, last_psn, rkey, va, len))
                     }
                     _ => None,
                 });
-                let Some((rkey, va, len)) = found else {
+                let Some((first_psn, last_psn, rkey, va, len)) = found else {
                     ctx.stats.count("rx_duplicate_read_no_resource");
                     return;
                 };
@@ -697,14 +833,39 @@ impl Qp {
                     ctx.stats.count("rx_duplicate_read_mismatch");
                     return;
                 }
-                self.resp.push_out(RespOut::Read {
+                let mut answer = RespOut::Read {
                     psn: p,
                     rkey,
                     va: reth.va,
                     remaining: reth.dma_len,
                     first: true,
                     msn,
-                })
+                    replay: true,
+                };
+                // Still answering this READ: restart that answer where the
+                // requester now asks, rather than queue a second one (the
+                // queue then holds one entry per READ the requester has out).
+                let queued = self.resp.out.iter_mut().find(|o| {
+                    matches!(**o, RespOut::Read { psn: q, .. }
+                        if psn::diff(q, first_psn) >= 0 && psn::diff(q, last_psn) <= 0)
+                });
+                if let Some(o) = queued {
+                    // It keeps its place, and whether it is a first answer.
+                    if let (RespOut::Read { replay: was, .. }, RespOut::Read { replay, .. }) =
+                        (&*o, &mut answer)
+                    {
+                        *replay = *was;
+                    }
+                    *o = answer;
+                    true
+                } else if !self.replay_room() {
+                    // Answering it again would grow the queue past
+                    // max_dest_rd_atomic; the requester asks again after its timeout.
+                    ctx.stats.count("rx_duplicate_rd_atomic_backlog");
+                    return;
+                } else {
+                    self.resp.push_out(answer)
+                }
             }
             OpKind::CompareSwap | OpKind::FetchAdd => {
                 let found = self.resp.resources.iter().find_map(|r| match *r {
@@ -715,7 +876,26 @@ impl Qp {
                     ctx.stats.count("rx_duplicate_atomic_no_resource");
                     return;
                 };
-                self.resp.push_out(RespOut::AtomicAck { psn: p, orig, msn })
+                let queued = self
+                    .resp
+                    .out
+                    .iter()
+                    .any(|o| matches!(*o, RespOut::AtomicAck { psn: q, .. } if q == p));
+                if queued {
+                    // Its ACK is about to go out anyway.
+                    ctx.stats.count("rx_duplicate_atomic_queued");
+                    return;
+                }
+                if !self.replay_room() {
+                    ctx.stats.count("rx_duplicate_rd_atomic_backlog");
+                    return;
+                }
+                self.resp.push_out(RespOut::AtomicAck {
+                    psn: p,
+                    orig,
+                    msn,
+                    replay: true,
+                })
             }
             _ => true,
         };
@@ -783,7 +963,7 @@ impl Qp {
                 repr.ext = ext;
                 repr.emit(buf, &[])
             }
-            RespOut::AtomicAck { psn, orig, msn } => {
+            RespOut::AtomicAck { psn, orig, msn, .. } => {
                 self.resp.out.pop_front();
                 repr.bth.opcode = Opcode::RC_ATOMIC_ACKNOWLEDGE;
                 repr.bth.psn = psn;
@@ -799,6 +979,7 @@ impl Qp {
                 remaining,
                 first,
                 msn,
+                ..
             } => {
                 let n = remaining.min(self.attr.path_mtu);
                 let last = n == remaining;
@@ -851,10 +1032,12 @@ impl Qp {
         match emitted {
             Ok(len) => {
                 ctx.stats.tx_packets += 1;
+                ctx.stats.inc(HwCounter::SentPkts);
                 Some(len)
             }
             Err(_) => {
                 ctx.stats.count("tx_emit_error");
+                ctx.stats.inc(HwCounter::SendErr);
                 None
             }
         }

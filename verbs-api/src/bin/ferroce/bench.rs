@@ -42,8 +42,13 @@ pub enum AtomicType {
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The test: write, read, send or atomic.
-    #[arg(value_enum)]
-    pub test: Test,
+    #[arg(value_enum, required_unless_present = "soak")]
+    pub test: Option<Test>,
+    /// Soak instead (issue 8): random work requests of every kind for this
+    /// long (`90s`, `10m`) between two in-process devices over links with
+    /// loss, duplication, reordering and corruption; every byte checked.
+    #[arg(long, value_name = "DURATION", value_parser = ferroce_verbs::soak::parse_duration)]
+    pub soak: Option<Duration>,
     /// Latency test instead of bandwidth.
     #[arg(long)]
     pub lat: bool,
@@ -109,8 +114,11 @@ pub struct Args {
 }
 
 impl Args {
+    fn test(&self) -> Test {
+        self.test.unwrap_or(Test::Write)
+    }
     fn op(&self) -> PerfOp {
-        match (self.test, self.atomic_type) {
+        match (self.test(), self.atomic_type) {
             (Test::Write, _) => PerfOp::Write,
             (Test::Read, _) => PerfOp::Read,
             (Test::Send, _) => PerfOp::Send,
@@ -119,7 +127,7 @@ impl Args {
         }
     }
     fn sizes(&self) -> Vec<u32> {
-        if self.test == Test::Atomic {
+        if self.test() == Test::Atomic {
             return vec![8];
         }
         if self.all {
@@ -131,7 +139,7 @@ impl Args {
         self.iters.unwrap_or(if self.lat { 1000 } else { 5000 })
     }
     fn title(&self) -> String {
-        let t = match self.test {
+        let t = match self.test() {
             Test::Write => "RDMA_Write",
             Test::Read => "RDMA_Read",
             Test::Send => "Send",
@@ -161,6 +169,9 @@ fn mtu_bytes(e: u8) -> u32 {
 }
 
 pub fn run(a: Args) -> i32 {
+    if let Some(d) = a.soak {
+        return soak(d, a.json);
+    }
     match run_inner(&a) {
         Ok(ok) => {
             if ok {
@@ -183,7 +194,7 @@ struct End<'pd> {
 }
 
 fn run_inner(a: &Args) -> Result<bool, String> {
-    if a.test == Test::Send && a.duration.is_some() && !a.lat {
+    if a.test() == Test::Send && a.duration.is_some() && !a.lat {
         // The receiver must know how many receives to post.
         return Err("send bandwidth needs -n (a duration run is not supported)".into());
     }
@@ -204,7 +215,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     // READing from us, or checking what it wrote, relies on it), and before
     // the exchange ends: the peer may write as soon as it does.
     perf::fill_pattern(&mr, 0, mr.len(), PATTERN_SEED).map_err(|e| e.to_string())?;
-    let write_lat = a.lat && a.test == Test::Write;
+    let write_lat = a.lat && a.test() == Test::Write;
     if write_lat {
         // The WRITE ping-pong polls its receive halves for 1, 2, ...: no stale match.
         for q in 0..u64::from(a.qps) {
@@ -259,8 +270,8 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     let params = PerftestParams {
         version: VERSION.to_string(),
         mtu: mtu_enum(mtu),
-        extra_rounds_before: u8::from(a.lat && a.test != Test::Atomic),
-        extra_rounds_after: u8::from(!a.lat && a.test == Test::Send),
+        extra_rounds_before: u8::from(a.lat && a.test() != Test::Atomic),
+        extra_rounds_after: u8::from(!a.lat && a.test() == Test::Send),
         ..PerftestParams::default()
     };
     let xcfg = ExchangeConfig::default();
@@ -384,7 +395,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         // ib_write_lat just closes its socket after the run (no closing
         // hand-shake, no "done"; seen on the wire).
         drop(session);
-    } else if a.lat || a.test == Test::Send {
+    } else if a.lat || a.test() == Test::Send {
         session.finish().map_err(|e| e.to_string())?;
     } else {
         let theirs = session.finish_bw(&last_report).map_err(|e| e.to_string())?;
@@ -411,7 +422,7 @@ fn open(a: &Args) -> Result<Context, String> {
     // A passive server (WRITE/READ/atomic) never polls its CQ, so only an
     // engine thread can answer for it; busy polling applies to the side that
     // loops on its CQ.
-    let actively_polls = a.servername.is_some() || a.test == Test::Send;
+    let actively_polls = a.servername.is_some() || a.test() == Test::Send;
     let mode = if a.busy_poll && actively_polls {
         EngineMode::Polling
     } else {
@@ -706,4 +717,37 @@ fn print_result(a: &Args, r: &PerfResult, ok: bool, peer_is_ferroce: bool) {
             r.mpps()
         );
     }
+}
+
+/// `--soak`: print what the soak did; exit 1 on any lost or wrong data, a
+/// failed work request, a stuck QP, or resident memory that kept growing.
+fn soak(d: Duration, json: bool) -> i32 {
+    use ferroce_verbs::soak::{self, SoakConfig, KINDS};
+    // More than this growth after warm-up counts as a leak.
+    const RSS_BOUND_KIB: u64 = 8 * 1024;
+    let r = match soak::run(&SoakConfig::new(d)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("ferroce bench --soak: {e}");
+            return 1;
+        }
+    };
+    let flat = r.rss_end_kib <= r.rss_start_kib + RSS_BOUND_KIB;
+    let ops: serde_json::Map<String, serde_json::Value> = KINDS
+        .iter()
+        .zip(r.ops)
+        .map(|(k, n)| (k.to_string(), n.into()))
+        .collect();
+    let v = serde_json::json!({
+        "seconds": r.elapsed.as_secs_f64(), "ops": r.total_ops(), "per_kind": ops,
+        "bytes": r.bytes, "rss_start_kib": r.rss_start_kib, "rss_end_kib": r.rss_end_kib,
+        "rss_samples_kib": r.rss_samples_kib, "rss_flat": flat, "retries": r.counter(0, "completer_retry_err"),
+        "duplicates_seen": r.counter(1, "duplicate_request"),
+    });
+    if json {
+        println!("{v}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    }
+    i32::from(!flat)
 }

@@ -84,3 +84,46 @@ pub fn run(all: bool) -> i32 {
     }
     0
 }
+
+/// `ferroce devices --stats`: the counters of every live ferroce device,
+/// like reading /sys/class/infiniband/*/ports/1/hw_counters; when none runs,
+/// this host's devices with zeroes.
+pub fn stats(all: bool) -> i32 {
+    let live = ferroce_verbs::counters::read_all();
+    for s in &live {
+        println!(
+            "hca_id:\t{}\t(pid {}, backend {}, {}, updated {})",
+            s.device, s.pid, s.backend, s.state, s.updated
+        );
+        print_counters(s.counters.iter().map(|(k, v)| (k.as_str(), *v)));
+    }
+    if !live.is_empty() {
+        return 0;
+    }
+    let zero = ferroce_stack::transport::Stats::default().named();
+    let list = interfaces().unwrap_or_default();
+    let mut shown = 0;
+    for iface in list
+        .iter()
+        .filter(|i| all || (i.up && !backends(i).is_empty()))
+    {
+        shown += 1;
+        println!(
+            "hca_id:\tferroce_{}\t(no running ferroce process)",
+            iface.name
+        );
+        print_counters(zero.iter().copied());
+    }
+    if shown == 0 {
+        println!("hca_id:\tferroce\t(no running ferroce process)");
+        print_counters(zero.iter().copied());
+    }
+    0
+}
+
+fn print_counters<'a>(counters: impl Iterator<Item = (&'a str, u64)>) {
+    println!("\tport:\t1\n\t\thw_counters:");
+    for (name, v) in counters {
+        println!("\t\t\t{name}: {v}");
+    }
+}

@@ -49,6 +49,10 @@ enum Command {
         /// Also list interfaces that are down or have no usable backend.
         #[arg(long)]
         all: bool,
+        /// Counters of every running ferroce device (rxe's hw_counters
+        /// names first), as the engines publish them about once a second.
+        #[arg(long)]
+        stats: bool,
     },
     /// Two ferroce hosts: RC ping-pong, WRITE/READ/SEND/atomic bandwidth and
     /// latency, every byte verified, one table. Root: two network namespaces
@@ -90,7 +94,8 @@ fn main() -> ExitCode {
         },
         Command::Bench(a) => ExitCode::from(bench::run(a) as u8),
         Command::Pingpong(a) => ExitCode::from(pingpong::run(a) as u8),
-        Command::Devices { all } => ExitCode::from(devices::run(all) as u8),
+        Command::Devices { stats: true, all } => ExitCode::from(devices::stats(all) as u8),
+        Command::Devices { all, .. } => ExitCode::from(devices::run(all) as u8),
         Command::Demo { backend } => ExitCode::from(demo::run(backend) as u8),
         Command::Decode { file, json } => {
             let input = match std::fs::File::open(&file) {
