@@ -1300,3 +1300,39 @@ fn duplicate_read_storm_is_bounded_and_new_reads_still_served() {
     assert_eq!(ans.len(), 5 * 4, "four replays and the new READ");
     assert_eq!(r.stats().get("rx_err_too_many_rd_atomic"), 0);
 }
+
+#[test]
+fn frame_for_another_host_is_dropped() {
+    // A switch that floods (or the mem backend) can hand us a frame for the
+    // QP with our number on another host: rxe's check_addr drops it, and so
+    // must we, or we would acknowledge data never meant for us.
+    let mut r = Rig::new();
+    let before = r.arena();
+    let mut t = r.net.path(0, 1).packet_template(r.peer_qp, r.qp);
+    if let ferroce_stack::wire::IpHeader::V4 { dst, .. } = &mut t.ip {
+        *dst = std::net::Ipv4Addr::new(198, 18, 0, 99);
+    } else {
+        panic!("the sim rig speaks IPv4");
+    }
+    t.bth.opcode = Opcode::RC_RDMA_WRITE_ONLY;
+    t.bth.psn = EPSN;
+    t.bth.ack_req = true;
+    t.ext = write_ext(IOVA, r.rkey, 32);
+    let mut buf = vec![0; MAX_FRAME_LEN];
+    let n = t.emit(&mut buf, &[5; 32]).unwrap();
+    r.inject(&buf[..n]);
+    assert_eq!(r.stats().get("rx_wrong_destination"), 1);
+    assert!(r.answers().is_empty(), "silently dropped (rxe check_addr)");
+    assert_eq!(r.state(), QpState::Rts);
+    assert_eq!(r.stats().hw(HwCounter::RcvdPkts), 0);
+    r.assert_unchanged_except(&before, &[]);
+    // The same frame to our own address is executed.
+    let f = r.frame(
+        Opcode::RC_RDMA_WRITE_ONLY,
+        EPSN,
+        write_ext(IOVA, r.rkey, 32),
+        &[5; 32],
+    );
+    r.inject(&f);
+    assert_eq!(r.stats().hw(HwCounter::RcvdPkts), 1);
+}

@@ -742,6 +742,14 @@ impl Core {
             ctx.stats.count("rx_wrong_source");
             return;
         }
+        if qp.qp_type != QpType::Ud && pkt.repr.ip.dst_gid() != qp.attr.ah_attr.sgid {
+            // rxe: check_addr checks the destination too. Without it a frame
+            // flooded to every port (a switch that has not learned, the mem
+            // backend) reaches the QP with the same number on another host,
+            // which would then acknowledge data it was never meant to get.
+            ctx.stats.count("rx_wrong_destination");
+            return;
+        }
         // rxe: rxe_rcv counts what passed its header checks and reached a QP.
         ctx.stats.inc(HwCounter::RcvdPkts);
         if info.is_request() {
