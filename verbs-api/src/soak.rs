@@ -14,8 +14,8 @@ use ferroce_nic::{FaultConfig, FaultIo};
 
 use crate::error::{Error, Result};
 use crate::{
-    AccessFlags, ConnectOptions, Context, MemoryRegion, OpenOptions, QpState, QueuePair, RecvWr,
-    RemoteQp, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, Backend, ConnectOptions, Context, DeviceConfig, MemoryRegion, OpenOptions,
+    QpState, QueuePair, RecvWr, RemoteQp, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// Kinds of work request, in report order.
@@ -44,6 +44,11 @@ pub struct SoakConfig {
     pub path_mtu: u32,
     /// Give up when nothing completes for this long (a stuck QP).
     pub stall: Duration,
+    /// `None`: two in-process devices on the in-memory switch. `Some(b)`:
+    /// two network-namespace hosts on a veth pair, each opened with backend
+    /// `b` (needs root), so the kernel's path and the packet engine are in
+    /// the loop too. The faults are injected in both cases (no sch_netem here).
+    pub netns_backend: Option<Backend>,
 }
 
 impl SoakConfig {
@@ -65,6 +70,7 @@ impl SoakConfig {
             depth: 16,
             path_mtu: 1024,
             stall: Duration::from_secs(30),
+            netns_backend: None,
         }
     }
 }
@@ -174,7 +180,45 @@ fn err(msg: String) -> Error {
     Error::Soak(msg)
 }
 
-fn open_pair(cfg: &SoakConfig) -> Result<(Context, Context)> {
+/// The soak's two ends, and the namespaces they live in when there are any
+/// (dropped after the contexts: the topology goes last).
+struct Pair {
+    a: Context,
+    b: Context,
+    _topo: Option<ferroce_nic::netns::Topology>,
+}
+
+fn open_pair(cfg: &SoakConfig) -> Result<Pair> {
+    let Some(backend) = cfg.netns_backend else {
+        let (a, b) = open_mem_pair(cfg)?;
+        return Ok(Pair { a, b, _topo: None });
+    };
+    if !ferroce_nic::is_root() {
+        return Err(err("a soak across network namespaces needs root".into()));
+    }
+    let topo = ferroce_nic::netns::Topology::up(&ferroce_nic::netns::TopologyConfig::default())?;
+    let mut ends = Vec::with_capacity(2);
+    for i in 0..2 {
+        let host = topo.host(i);
+        let mut dc = DeviceConfig::new(&host.ifname, backend);
+        dc.netns = Some(host.ns.clone());
+        dc.seed = cfg.seed ^ i as u64;
+        dc.faults = Some(FaultConfig {
+            seed: cfg.faults.seed ^ (0xb * i as u64),
+            ..cfg.faults
+        });
+        ends.push(topo.run_in(i, move || Context::open(&dc, OpenOptions::default()))??);
+    }
+    let b = ends.pop().ok_or_else(|| err("no second host".into()))?;
+    let a = ends.pop().ok_or_else(|| err("no first host".into()))?;
+    Ok(Pair {
+        a,
+        b,
+        _topo: Some(topo),
+    })
+}
+
+fn open_mem_pair(cfg: &SoakConfig) -> Result<(Context, Context)> {
     // A short switch queue (the default holds 8192 frames a port): what a
     // burst leaves behind in it shows as resident memory, and the soak
     // measures ferroce's, not the test switch's high-water mark.
@@ -230,8 +274,15 @@ fn connect(
     psns: (u32, u32),
     opts: &ConnectOptions,
 ) -> Result<()> {
+    // The IPv4-mapped GIDs (on a real interface index 0 is the link-local
+    // IPv6 one, which needs neighbour discovery the soak does not want).
+    let v4 = |c: &Context| c.gids().iter().position(|g| g.to_ipv4_mapped().is_some());
+    let (Some(mine), Some(theirs)) = (v4(ctx), v4(pctx)) else {
+        return Err(err("no IPv4 GID on a soak device".into()));
+    };
     let o = ConnectOptions {
         local_psn: psns.0,
+        sgid_index: mine,
         ..*opts
     };
     me.to_init(&o)?;
@@ -240,7 +291,7 @@ fn connect(
         &RemoteQp {
             qpn: peer.qpn(),
             psn: psns.1,
-            gid: pctx.query_gid(0)?,
+            gid: pctx.query_gid(theirs)?,
         },
         &o,
     )
@@ -248,8 +299,9 @@ fn connect(
 
 /// Run a soak between two in-memory devices with faulty links.
 pub fn run(cfg: &SoakConfig) -> Result<SoakReport> {
-    let (ca, cb) = open_pair(cfg)?;
-    run_on(cfg, &ca, &cb).map_err(|e| match e {
+    let pair = open_pair(cfg)?;
+    let (ca, cb) = (&pair.a, &pair.b);
+    run_on(cfg, ca, cb).map_err(|e| match e {
         // Say what both engines counted.
         Error::Soak(m) => {
             let nz = |c: &Context| -> Vec<(&'static str, u64)> {
@@ -258,7 +310,7 @@ pub fn run(cfg: &SoakConfig) -> Result<SoakReport> {
                     .filter(|(_, v)| *v > 0)
                     .collect()
             };
-            err(format!("{m}\n  a: {:?}\n  b: {:?}", nz(&ca), nz(&cb)))
+            err(format!("{m}\n  a: {:?}\n  b: {:?}", nz(ca), nz(cb)))
         }
         e => e,
     })

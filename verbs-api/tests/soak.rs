@@ -12,7 +12,10 @@ use ferroce_verbs::soak::{self, SoakConfig, KINDS};
 const RSS_BOUND_KIB: u64 = 8 * 1024;
 
 fn soak_for(secs: u64) {
-    let mut cfg = SoakConfig::new(Duration::from_secs(secs));
+    soak_with(SoakConfig::new(Duration::from_secs(secs)));
+}
+
+fn soak_with(mut cfg: SoakConfig) {
     // FERROCE_SOAK_FAULTS=loss,dup,reorder,corrupt (probabilities) to vary the faults.
     if let Ok(v) = std::env::var("FERROCE_SOAK_FAULTS") {
         let p: Vec<f64> = v.split(',').filter_map(|x| x.parse().ok()).collect();
@@ -75,4 +78,17 @@ fn soak_ci() {
 #[ignore = "ten minutes; run with --ignored"]
 fn soak_ten_minutes() {
     soak_for(600);
+}
+
+#[test]
+fn soak_between_namespace_hosts() {
+    // The same soak across two network namespaces (veth, the default
+    // backend: AF_XDP as root), with the faults injected in each receive path.
+    if !ferroce_nic::is_root() {
+        eprintln!("SKIP soak_between_namespace_hosts: needs root (network namespaces)");
+        return;
+    }
+    let mut cfg = SoakConfig::new(Duration::from_secs(20));
+    cfg.netns_backend = Some(ferroce_verbs::Backend::Auto);
+    soak_with(cfg);
 }

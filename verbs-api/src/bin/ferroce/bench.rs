@@ -49,6 +49,10 @@ pub struct Args {
     /// loss, duplication, reordering and corruption; every byte checked.
     #[arg(long, value_name = "DURATION", value_parser = ferroce_verbs::soak::parse_duration)]
     pub soak: Option<Duration>,
+    /// With --soak: between two network-namespace hosts on a veth pair over
+    /// --backend (needs root), instead of two in-process devices.
+    #[arg(long, requires = "soak")]
+    pub soak_netns: bool,
     /// Latency test instead of bandwidth.
     #[arg(long)]
     pub lat: bool,
@@ -170,7 +174,7 @@ fn mtu_bytes(e: u8) -> u32 {
 
 pub fn run(a: Args) -> i32 {
     if let Some(d) = a.soak {
-        return soak(d, a.json);
+        return soak(d, a.soak_netns.then_some(a.backend), a.json);
     }
     match run_inner(&a) {
         Ok(ok) => {
@@ -721,11 +725,15 @@ fn print_result(a: &Args, r: &PerfResult, ok: bool, peer_is_ferroce: bool) {
 
 /// `--soak`: print what the soak did; exit 1 on any lost or wrong data, a
 /// failed work request, a stuck QP, or resident memory that kept growing.
-fn soak(d: Duration, json: bool) -> i32 {
+fn soak(d: Duration, netns_backend: Option<Backend>, json: bool) -> i32 {
     use ferroce_verbs::soak::{self, SoakConfig, KINDS};
     // More than this growth after warm-up counts as a leak.
     const RSS_BOUND_KIB: u64 = 8 * 1024;
-    let r = match soak::run(&SoakConfig::new(d)) {
+    let cfg = SoakConfig {
+        netns_backend,
+        ..SoakConfig::new(d)
+    };
+    let r = match soak::run(&cfg) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("ferroce bench --soak: {e}");
