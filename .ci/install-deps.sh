@@ -30,12 +30,6 @@ command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked
 # nic-drivers netns tests ping across namespaces.
 command -v ping >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq --no-install-recommends iputils-ping; }
 
-# scripts/coll-vs-mpi.sh compares ferroce-collectives with Open MPI's MPI_Allreduce over TCP.
-if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; then
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev
-fi
-
 # rxe VM for interop-tests: QEMU and tcpdump on the host. The VM's kernel and user side come from
 # Debian packages unpacked (never installed) into target/rxe-vm by the repo's build script.
 need_vm=()
