@@ -25,7 +25,7 @@ pub use counters::{HwCounter, HwCounters};
 pub use cq::CqHandle;
 pub use device::{AsyncEvent, Config, Core, Stats};
 pub use error::{ModifyError, VerbsError};
-pub use mr::{AccessFlags, MemoryRegion, OutOfBounds, PdHandle, VecRegion};
+pub use mr::{copy_bytes, copy_piece, AccessFlags, MemoryRegion, OutOfBounds, PdHandle, VecRegion};
 pub use qp::{Path, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType};
 pub use srq::SrqHandle;
 pub use timers::Instant;

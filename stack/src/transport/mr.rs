@@ -136,13 +136,51 @@ impl MemoryRegion for VecRegion {
     }
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), OutOfBounds> {
         let r = range(offset, dst.len(), self.0.len())?;
-        dst.copy_from_slice(&self.0[r]);
+        copy_bytes(dst, &self.0[r]);
         Ok(())
     }
     fn write(&mut self, offset: u64, src: &[u8]) -> Result<(), OutOfBounds> {
         let r = range(offset, src.len(), self.0.len())?;
-        self.0[r].copy_from_slice(src);
+        copy_bytes(&mut self.0[r], src);
         Ok(())
+    }
+}
+
+/// Copies `src` into `dst`, which must have the same length (as
+/// `copy_from_slice`, which it calls).
+///
+/// Why not plain `copy_from_slice`: glibc's memcpy moves a few KiB and more
+/// with `rep movsb`, and on the AMD EPYC machines here that runs up to 25×
+/// slower when the destination lies 1–127 bytes past the source modulo 4 KiB
+/// (4 KiB: 45 ns normally, 1.1 µs at 4–12 bytes, 0.1–0.4 µs further up).
+/// A frame's payload starts 54–70 bytes into its buffer, so against a
+/// page-aligned MR every payload copy can land there (seen: WRITE bandwidth
+/// halved, memcpy 48% of the requester's CPU). Pieces of 2 KiB stay below
+/// glibc's `rep movsb` threshold.
+#[inline]
+pub fn copy_bytes(dst: &mut [u8], src: &[u8]) {
+    let piece = copy_piece(dst.as_ptr(), src.as_ptr(), src.len());
+    if piece >= src.len() {
+        dst.copy_from_slice(src);
+        return;
+    }
+    for (d, s) in dst.chunks_mut(piece).zip(src.chunks(piece)) {
+        d.copy_from_slice(s);
+    }
+}
+
+/// How many bytes one memcpy call may move from `src` to `dst` (see
+/// [`copy_bytes`]): all `len`, or 2 KiB pieces when `dst` lies just past
+/// `src` modulo a page. For regions that can only be copied by pointer.
+#[inline]
+pub fn copy_piece(dst: *const u8, src: *const u8, len: usize) -> usize {
+    const PIECE: usize = 2048;
+    const PAGE: usize = 4096;
+    let ahead = (dst as usize).wrapping_sub(src as usize) % PAGE;
+    if len <= PIECE || ahead >= 128 {
+        len
+    } else {
+        PIECE
     }
 }
 
@@ -366,6 +404,28 @@ mod tests {
     use super::*;
     use rand::SeedableRng;
     use rand_xoshiro::Xoshiro256PlusPlus;
+
+    #[test]
+    fn copy_bytes_is_a_copy_at_every_distance() {
+        // Both paths (one memcpy, 2 KiB pieces), lengths around the piece size.
+        let src: Vec<u8> = (0..12_288u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        let mut buf = vec![0u8; 16_384];
+        for len in [0usize, 1, 2047, 2048, 2049, 4096, 6000, 8192] {
+            for shift in [0usize, 1, 54, 127, 128, 4000] {
+                let d = &mut buf[shift..shift + len];
+                d.fill(0);
+                let s = &src[100..100 + len];
+                assert!(copy_piece(d.as_ptr(), s.as_ptr(), len) <= len.max(1));
+                copy_bytes(d, s);
+                assert_eq!(d, s, "len {len} shift {shift}");
+            }
+        }
+        // A destination just past the source (modulo a page) is copied in pieces.
+        let base = src.as_ptr();
+        assert_eq!(copy_piece(base.wrapping_add(4096 + 54), base, 4096), 2048);
+        assert_eq!(copy_piece(base.wrapping_add(4096 + 200), base, 4096), 4096);
+        assert_eq!(copy_piece(base.wrapping_add(54), base, 1024), 1024);
+    }
 
     #[test]
     fn keys_are_not_a_counter_and_die_on_dereg() {

@@ -44,6 +44,23 @@ impl AppMemory {
     }
 }
 
+/// `len` bytes from `src` to `dst` in the pieces `copy_piece` allows (glibc's
+/// `rep movsb` is very slow for some distances between the two; see
+/// `ferroce_stack::transport::copy_bytes`).
+///
+/// # Safety
+/// Both ranges must be valid for `len` bytes and must not overlap.
+unsafe fn copy_raw(dst: *mut u8, src: *const u8, len: usize) {
+    let piece = ferroce_stack::transport::copy_piece(dst, src, len).max(1);
+    let mut done = 0;
+    while done < len {
+        let n = piece.min(len - done);
+        // SAFETY: within the ranges the caller vouched for.
+        unsafe { ptr::copy_nonoverlapping(src.add(done), dst.add(done), n) };
+        done += n;
+    }
+}
+
 impl CoreRegion for AppMemory {
     fn len(&self) -> u64 {
         self.len
@@ -51,15 +68,13 @@ impl CoreRegion for AppMemory {
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), OutOfBounds> {
         self.check(offset, dst.len())?;
         // SAFETY: in bounds; the application keeps the memory mapped.
-        unsafe {
-            ptr::copy_nonoverlapping(self.ptr.add(offset as usize), dst.as_mut_ptr(), dst.len())
-        };
+        unsafe { copy_raw(dst.as_mut_ptr(), self.ptr.add(offset as usize), dst.len()) };
         Ok(())
     }
     fn write(&mut self, offset: u64, src: &[u8]) -> Result<(), OutOfBounds> {
         self.check(offset, src.len())?;
         // SAFETY: in bounds; the application keeps the memory mapped.
-        unsafe { ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(offset as usize), src.len()) };
+        unsafe { copy_raw(self.ptr.add(offset as usize), src.as_ptr(), src.len()) };
         Ok(())
     }
     fn compare_swap(&mut self, offset: u64, compare: u64, swap: u64) -> Result<u64, OutOfBounds> {
