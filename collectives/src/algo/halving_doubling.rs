@@ -2,6 +2,7 @@
 //! partners swap whole vectors, plus a fold step for non-powers of two.
 //! (Rabenseifner's halving-doubling for larger vectors is in `rabenseifner`.)
 
+use super::fold::Fold;
 use crate::communicator::Communicator;
 use crate::dtype::{finish, reduce_lower, reduce_upper, Element, ReduceOp};
 use crate::error::Result;
@@ -12,27 +13,17 @@ impl Communicator<'_> {
         buf: &mut [T],
         op: ReduceOp,
     ) -> Result<()> {
-        let (n, r) = (self.size(), self.rank());
-        let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
-        let extra = n - p;
-        if r < 2 * extra && r % 2 == 0 {
-            // Fold: ranks 2i (i < extra) hand their vector to 2i+1 and wait.
-            self.sendrecv::<T>(Some((r + 1, &*buf)), None)?;
-            return self.sendrecv::<T>(None, Some((r + 1, &mut *buf)));
-        }
+        let n = self.size();
+        let fold = Fold::new(n, self.rank());
+        let Some(vr) = fold.fold_in(self, buf, op)? else {
+            return Ok(());
+        };
+        let p = fold.p;
         self.with_scratch::<T, _>(buf.len(), |tmp| {
-            let vr = if r < 2 * extra {
-                self.sendrecv::<T>(None, Some((r - 1, &mut *tmp)))?;
-                reduce_upper(op, buf, tmp);
-                r / 2
-            } else {
-                r - extra
-            };
-            let real = |v: usize| if v < extra { 2 * v + 1 } else { v + extra };
             let mut mask = 1;
             while mask < p {
                 let vp = vr ^ mask;
-                let peer = real(vp);
+                let peer = fold.real(vp);
                 self.sendrecv(Some((peer, &*buf)), Some((peer, &mut *tmp)))?;
                 if vp < vr {
                     reduce_upper(op, buf, tmp);
@@ -44,9 +35,6 @@ impl Communicator<'_> {
             Ok(())
         })?;
         finish(op, buf, n);
-        if r < 2 * extra {
-            self.sendrecv::<T>(Some((r - 1, &*buf)), None)?;
-        }
-        Ok(())
+        fold.fold_out(self, buf)
     }
 }

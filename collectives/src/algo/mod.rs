@@ -26,6 +26,7 @@
 //!   `x_{v0} ⊕ (x_{v1} ⊕ (… ⊕ x_{v(n−1)}))`, per segment.
 //! - Avg divides the final sum by n once.
 
+mod fold;
 pub mod halving_doubling;
 pub mod rabenseifner;
 pub mod ring;

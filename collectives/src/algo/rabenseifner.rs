@@ -10,6 +10,7 @@
 
 use std::ops::Range;
 
+use super::fold::Fold;
 use crate::communicator::{block, split_pair, Communicator};
 use crate::dtype::{finish, reduce_lower, reduce_upper, Element, ReduceOp};
 use crate::error::Result;
@@ -20,23 +21,12 @@ impl Communicator<'_> {
         buf: &mut [T],
         op: ReduceOp,
     ) -> Result<()> {
-        let (n, r) = (self.size(), self.rank());
-        let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
-        let extra = n - p;
-        // Fold: ranks 2i (i < extra) hand their vector to 2i+1 and wait.
-        if r < 2 * extra && r % 2 == 0 {
-            self.sendrecv::<T>(Some((r + 1, &*buf)), None)?;
-            return self.sendrecv::<T>(None, Some((r + 1, &mut *buf)));
-        }
-        if r < 2 * extra {
-            self.with_scratch::<T, _>(buf.len(), |tmp| {
-                self.sendrecv::<T>(None, Some((r - 1, &mut *tmp)))?;
-                reduce_upper(op, buf, tmp);
-                Ok(())
-            })?;
-        }
-        let vr = if r < 2 * extra { r / 2 } else { r - extra };
-        let real = |v: usize| if v < extra { 2 * v + 1 } else { v + extra };
+        let n = self.size();
+        let fold = Fold::new(n, self.rank());
+        let Some(vr) = fold.fold_in(self, buf, op)? else {
+            return Ok(());
+        };
+        let (p, real) = (fold.p, |v: usize| fold.real(v));
         // Blocks of the p virtual ranks; [lo, hi) is the block range still owned.
         let blocks: Vec<Range<usize>> = (0..p).map(|i| block(buf.len(), p, i)).collect();
         let span = |lo: usize, hi: usize| blocks[lo].start..blocks[hi - 1].end;
@@ -82,9 +72,6 @@ impl Communicator<'_> {
             hi = hi.max(phi);
             mask <<= 1;
         }
-        if r < 2 * extra {
-            self.sendrecv::<T>(Some((r - 1, &*buf)), None)?;
-        }
-        Ok(())
+        fold.fold_out(self, buf)
     }
 }
