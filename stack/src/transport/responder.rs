@@ -192,6 +192,17 @@ enum Outcome {
     Fatal(NakCode, WcStatus, &'static str),
 }
 
+/// The RETH of a WRITE's first packet or of a READ request: present, and no
+/// longer than 2^31 bytes (rxe check_length), else the Invalid Request NAK.
+fn request_reth(pkt: &ParsedPacket<'_>) -> Result<crate::wire::reth::Repr, Outcome> {
+    let fatal = |why| Outcome::Fatal(NakCode::InvalidRequest, WcStatus::RemInvReqErr, why);
+    let reth = pkt.repr.ext.reth.ok_or_else(|| fatal("rx_err_malformed"))?;
+    if reth.dma_len > 1 << 31 {
+        return Err(fatal("rx_err_length"));
+    }
+    Ok(reth)
+}
+
 fn access_status(e: AccessError) -> (NakCode, WcStatus, &'static str) {
     match e {
         // rxe_resp.c: RESPST_ERR_MISALIGNED_ATOMIC is a class C Invalid Request.
@@ -544,21 +555,10 @@ impl Qp {
         let first = info.is_first_or_only();
         let last = info.is_last_or_only();
         if first {
-            let Some(reth) = pkt.repr.ext.reth else {
-                return Outcome::Fatal(
-                    NakCode::InvalidRequest,
-                    WcStatus::RemInvReqErr,
-                    "rx_err_malformed",
-                );
+            let reth = match request_reth(pkt) {
+                Ok(r) => r,
+                Err(o) => return o,
             };
-            // rxe check_length: no RDMA message is longer than 2^31 bytes.
-            if reth.dma_len > 1 << 31 {
-                return Outcome::Fatal(
-                    NakCode::InvalidRequest,
-                    WcStatus::RemInvReqErr,
-                    "rx_err_length",
-                );
-            }
             // check_rkey; a zero-length WRITE touches no memory and is not checked (C9-88).
             if reth.dma_len > 0 {
                 if let Err(e) = ctx.mrs.check(
@@ -683,20 +683,10 @@ impl Qp {
     }
 
     fn exec_read(&mut self, pkt: &ParsedPacket<'_>, ctx: &mut Ctx<'_>) -> Outcome {
-        let Some(reth) = pkt.repr.ext.reth else {
-            return Outcome::Fatal(
-                NakCode::InvalidRequest,
-                WcStatus::RemInvReqErr,
-                "rx_err_malformed",
-            );
+        let reth = match request_reth(pkt) {
+            Ok(r) => r,
+            Err(o) => return o,
         };
-        if reth.dma_len > 1 << 31 {
-            return Outcome::Fatal(
-                NakCode::InvalidRequest,
-                WcStatus::RemInvReqErr,
-                "rx_err_length",
-            );
-        }
         if let Some(o) = self.rd_atomic_backlog_full() {
             return o;
         }
