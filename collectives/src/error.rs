@@ -31,6 +31,9 @@ pub enum Error {
     /// The verbs layer refused a call.
     #[error("verbs: {0}")]
     Verbs(#[from] ferroce_verbs::Error),
+    /// rdma-core's libibverbs refused a call (rdma-core backend).
+    #[error("libibverbs: {0}")]
+    Ibverbs(String),
     /// A work request completed with an error status (the peer may be gone).
     #[error("work completion from rank {peer} failed: {status}")]
     Completion { peer: usize, status: &'static str },

@@ -5,7 +5,8 @@
 //! operations (allreduce, broadcast, reduce, allgather, reduce-scatter,
 //! alltoall, barrier) with algorithms chosen by message size and rank count,
 //! over `ferroce-verbs`. The reduction order of each algorithm is in [`algo`].
-#![forbid(unsafe_code)]
+// unsafe only in the rdma-core FFI backend (transport::ibverbs).
+#![deny(unsafe_code)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod algo;
@@ -23,4 +24,6 @@ pub use error::{Error, Result};
 pub use half;
 pub use transport::local::{local_world, LocalTransport};
 pub use transport::rdma::{RdmaConfig, RdmaEndpoint, RdmaTransport};
+#[cfg(feature = "rdma-core")]
+pub use transport::ibverbs::{IbvEndpoint, IbvTransport};
 pub use transport::Transport;

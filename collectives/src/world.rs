@@ -218,6 +218,34 @@ pub fn run_env<R>(
     r
 }
 
+/// [`run_env`] over rdma-core's libibverbs (feature `rdma-core`): the device
+/// is `FERROCE_IBV_DEVICE` or the first one, the GID `FERROCE_IBV_GID` or the
+/// RoCE v2 IPv4-mapped one ([`crate::IbvEndpoint::from_env`]). Ranks of one
+/// job may mix this and [`run_env`] (ferroce): the rendezvous and the wire
+/// protocol are the same.
+#[cfg(feature = "rdma-core")]
+pub fn run_env_ibverbs<R>(
+    cfg: RdmaConfig,
+    body: impl FnOnce(&Communicator<'_>) -> Result<R>,
+) -> Result<R> {
+    let b = Bootstrap::from_env()?.with_timeout(cfg.timeout);
+    let ep = crate::IbvEndpoint::from_env()?;
+    if std::env::var_os("FERROCE_COLL_STATS").is_some() {
+        eprintln!(
+            "# rank {}: rdma-core device {}, GID[{}] {}",
+            b.rank,
+            ep.name(),
+            ep.gid_index(),
+            ep.gid()
+        );
+    }
+    let mut rv = Rendezvous::connect(&b)?;
+    let t = ep.connect(&mut rv, &cfg)?;
+    drop(rv);
+    let comm = Communicator::new(t)?;
+    body(&comm)
+}
+
 /// With `FERROCE_COLL_STATS` set: the device counters of a rank on stderr
 /// (retransmissions, time-outs and drops say whether a run was clean).
 fn report_stats(rank: usize, ep: &RdmaEndpoint) {

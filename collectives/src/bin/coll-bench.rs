@@ -47,7 +47,10 @@ struct Args {
     /// network): ranks as threads of this process. env: this process is one
     /// rank of a job launched by mpirun/torchrun/srun (rank, size and
     /// MASTER_ADDR from the environment; device on FERROCE_IFACE or the
-    /// first interface up with IPv4); only rank 0 prints.
+    /// first interface up with IPv4); only rank 0 prints. rdma-core: as env,
+    /// over rdma-core's libibverbs (built with the `rdma-core` feature; device
+    /// FERROCE_IBV_DEVICE or the first, GID FERROCE_IBV_GID or the RoCE v2
+    /// IPv4-mapped one); env and rdma-core ranks can form one job.
     #[arg(long, default_value = "mem")]
     fabric: String,
     /// Allreduce algorithm: auto, ring, rd.
@@ -299,7 +302,11 @@ fn header(
     );
     println!(
         "# backend {}, engine {:?}, chunk {} B, slots {}, spin {:?}",
-        dev.backend.name(),
+        if a.fabric == "rdma-core" {
+            "rdma-core libibverbs"
+        } else {
+            dev.backend.name()
+        },
         dev.mode,
         cfg.chunk,
         cfg.slots,
@@ -331,7 +338,7 @@ fn real_main(a: &Args) -> Result<()> {
     let redop = ReduceOp::parse(&a.redop)
         .ok_or_else(|| Error::Invalid(format!("unknown op {:?}", a.redop)))?;
     let fabric = match a.fabric.as_str() {
-        "env" => Fabric::Local,
+        "env" | "rdma-core" => Fabric::Local,
         f => Fabric::parse(f).ok_or_else(|| Error::Invalid(format!("unknown fabric {f:?}")))?,
     };
     let algo = parse_allreduce(&a.algo)?;
@@ -374,6 +381,16 @@ fn real_main(a: &Args) -> Result<()> {
     };
     if a.fabric == "env" {
         return run_env(rcfg, dev, body);
+    }
+    if a.fabric == "rdma-core" {
+        #[cfg(feature = "rdma-core")]
+        return ferroce_collectives::world::run_env_ibverbs(rcfg, body);
+        #[cfg(not(feature = "rdma-core"))]
+        return Err(Error::Invalid(
+            "--fabric rdma-core: this ferroce-coll-bench was built without the `rdma-core` \
+             feature (cargo build -p ferroce-collectives --features rdma-core)"
+                .into(),
+        ));
     }
     let res = run_with(fabric, a.ranks, rcfg, dev, body)?;
     for (r, x) in res.into_iter().enumerate() {

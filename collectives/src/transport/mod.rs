@@ -11,8 +11,12 @@
 
 use crate::error::Result;
 
+#[cfg(feature = "rdma-core")]
+#[allow(unsafe_code)] // FFI: buffers registered with the device
+pub mod ibverbs;
 pub mod local;
 pub mod rdma;
+pub(crate) mod wire;
 
 /// One send: (world rank, bytes).
 pub type SendSpec<'a> = (usize, &'a [u8]);

@@ -32,6 +32,7 @@ use ferroce_verbs::{
     QueuePair, RecvWr, RemoteQp, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
+use super::wire::{self, QpAddr, LEN_MASK};
 use super::{RecvSpec, SendSpec, Transport};
 use crate::bootstrap::Rendezvous;
 use crate::error::{Error, Result};
@@ -105,13 +106,6 @@ pub struct RdmaEndpoint {
     pd: ProtectionDomain,
 }
 
-const ENTRY: usize = 20;
-/// The chunk length lives in the immediate's low 24 bits.
-const MAX_CHUNK: usize = 8 << 20;
-/// Piggybacked credits live in its top 8 bits.
-const MAX_SLOTS: usize = 255;
-const LEN_MASK: u32 = 0x00ff_ffff;
-
 #[derive(Debug)]
 struct Peer<'pd> {
     qp: QueuePair<'pd>,
@@ -143,25 +137,6 @@ pub struct RdmaTransport<'pd> {
     wcs: Vec<WorkCompletion>,
 }
 
-fn psn_for(seed: u32, from: usize, to: usize) -> u32 {
-    (seed
-        .wrapping_mul(2_654_435_761)
-        .wrapping_add((from as u32).wrapping_mul(7919))
-        .wrapping_add((to as u32).wrapping_mul(104_729)))
-        & 0x00ff_ffff
-}
-
-fn be_u32(b: &[u8], at: usize) -> Option<u32> {
-    b.get(at..at + 4)
-        .and_then(|s| s.try_into().ok())
-        .map(u32::from_be_bytes)
-}
-fn be_u64(b: &[u8], at: usize) -> Option<u64> {
-    b.get(at..at + 8)
-        .and_then(|s| s.try_into().ok())
-        .map(u64::from_be_bytes)
-}
-
 impl RdmaEndpoint {
     pub fn new(ctx: Context) -> RdmaEndpoint {
         let pd = ctx.alloc_pd();
@@ -185,11 +160,7 @@ impl RdmaEndpoint {
     /// through the rendezvous, connect, and meet once more so no rank writes
     /// before its peer is ready.
     pub fn connect(&self, rv: &mut Rendezvous, cfg: &RdmaConfig) -> Result<RdmaTransport<'_>> {
-        if cfg.chunk == 0 || cfg.chunk > MAX_CHUNK || cfg.slots < 2 || cfg.slots > MAX_SLOTS {
-            return Err(Error::Invalid(format!(
-                "RDMA transport needs chunk in 1..=8 MiB and 2..=255 slots, got {cfg:?}"
-            )));
-        }
+        wire::check_config(cfg)?;
         let (rank, size) = (rv.rank(), rv.size());
         let sq = (2 * cfg.slots + 8) as u32;
         let rq = (2 * cfg.slots + 8) as u32;
@@ -209,8 +180,7 @@ impl RdmaEndpoint {
             ..ConnectOptions::default()
         };
         let ring = cfg.chunk * cfg.slots;
-        let mut blob = gid.octets().to_vec();
-        blob.resize(16 + ENTRY * size, 0);
+        let mut entries = vec![None; size];
         let mut made = Vec::with_capacity(size);
         for j in 0..size {
             if j == rank {
@@ -227,48 +197,26 @@ impl RdmaEndpoint {
             let send_mr = self.pd.reg_mr(ring, access)?;
             let recv_mr = self.pd.reg_mr(ring, access)?;
             let opts = ConnectOptions {
-                local_psn: psn_for(cfg.seed, rank, j),
+                local_psn: wire::psn_for(cfg.seed, rank, j),
                 ..base_opts
             };
             qp.to_init(&opts)?;
-            let e = &mut blob[16 + ENTRY * j..16 + ENTRY * (j + 1)];
-            e[0..4].copy_from_slice(&qp.qpn().to_be_bytes());
-            e[4..8].copy_from_slice(&opts.local_psn.to_be_bytes());
-            e[8..16].copy_from_slice(&recv_mr.addr().to_be_bytes());
-            e[16..20].copy_from_slice(&recv_mr.rkey().to_be_bytes());
+            entries[j] = Some(QpAddr {
+                qpn: qp.qpn(),
+                psn: opts.local_psn,
+                addr: recv_mr.addr(),
+                rkey: recv_mr.rkey(),
+            });
             made.push(Some((qp, send_mr, recv_mr, opts)));
         }
-        let all = rv.allgather(&blob)?;
+        let all = rv.allgather(&wire::encode(gid.octets(), &entries))?;
         let mut peers = Vec::with_capacity(size);
         for (j, m) in made.into_iter().enumerate() {
             let Some((qp, send_mr, recv_mr, opts)) = m else {
                 peers.push(None);
                 continue;
             };
-            let theirs = all.get(j).ok_or_else(|| {
-                Error::RendezvousProtocol(format!("no rendezvous blob from rank {j}"))
-            })?;
-            let bad = || {
-                Error::RendezvousProtocol(format!(
-                    "rank {j} sent a {}-byte address blob, {} expected",
-                    theirs.len(),
-                    16 + ENTRY * size
-                ))
-            };
-            if theirs.len() != 16 + ENTRY * size {
-                return Err(bad());
-            }
-            let gid_bytes: [u8; 16] = theirs[0..16].try_into().map_err(|_| bad())?;
-            let at = 16 + ENTRY * rank;
-            let qpn = be_u32(theirs, at).ok_or_else(bad)?;
-            let psn = be_u32(theirs, at + 4).ok_or_else(bad)?;
-            let addr = be_u64(theirs, at + 8).ok_or_else(bad)?;
-            let rkey = be_u32(theirs, at + 16).ok_or_else(bad)?;
-            if psn > 0x00ff_ffff {
-                return Err(Error::RendezvousProtocol(format!(
-                    "rank {j} announced PSN {psn:#x}, wider than 24 bits"
-                )));
-            }
+            let (gid_bytes, QpAddr { qpn, psn, addr, rkey }) = wire::remote(&all, j, rank, size)?;
             qp.connect(
                 &self.ctx,
                 &RemoteQp {
@@ -342,8 +290,7 @@ impl<'pd> RdmaTransport<'pd> {
                 WcOpcode::RdmaWrite => p.data_done += 1,
                 WcOpcode::Send => p.credit_done += 1,
                 WcOpcode::RecvRdmaWithImm => {
-                    let imm = wc.imm_data.unwrap_or(LEN_MASK);
-                    let (len, back) = (imm & LEN_MASK, (imm >> 24) as usize);
+                    let (len, back) = wire::split_imm(wc.imm_data.unwrap_or(LEN_MASK));
                     if back > 0 {
                         if p.credits + back > slots {
                             return Err(Error::Protocol {
@@ -452,7 +399,7 @@ impl Transport for RdmaTransport<'_> {
                         SendOp::RdmaWriteWithImm {
                             remote_addr: p.remote_addr + off,
                             rkey: p.remote_rkey,
-                            imm: len as u32 | (p.unreported << 24),
+                            imm: wire::data_imm(len, p.unreported),
                         },
                         &sge,
                     );
