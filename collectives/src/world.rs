@@ -182,6 +182,8 @@ pub fn run_with<R: Send>(
 /// by hand): rank and size from the environment ([`Bootstrap::from_env`]),
 /// the device on `FERROCE_IFACE` or else the first interface that is up,
 /// not loopback, and has an IPv4 address, in this process's namespace.
+/// `FERROCE_UDP_BIND` (`ip` or `ip:port`) picks the UDP backend's address
+/// when the interface has several (ranks sharing one interface).
 pub fn run_env<R>(
     cfg: RdmaConfig,
     dev: DeviceOptions,
@@ -199,6 +201,7 @@ pub fn run_env<R>(
             })?,
     };
     let mut dc = DeviceConfig::new(&ifname, dev.backend);
+    dc.udp_bind = udp_bind_from_env()?;
     dc.seed ^= b.rank as u64;
     dc.faults = faults_for(dev, b.rank);
     let ctx = Context::open(
@@ -244,6 +247,23 @@ pub fn run_env_ibverbs<R>(
     drop(rv);
     let comm = Communicator::new(t)?;
     body(&comm)
+}
+
+/// `FERROCE_UDP_BIND`: an address (port 4791) or a socket address.
+fn udp_bind_from_env() -> Result<Option<SocketAddr>> {
+    let Ok(v) = std::env::var("FERROCE_UDP_BIND") else {
+        return Ok(None);
+    };
+    let v = v.trim();
+    if v.is_empty() {
+        return Ok(None);
+    }
+    if let Ok(a) = v.parse::<SocketAddr>() {
+        return Ok(Some(a));
+    }
+    v.parse::<IpAddr>()
+        .map(|ip| Some(SocketAddr::new(ip, ferroce_nic::ROCE_V2_PORT)))
+        .map_err(|_| Error::Env(format!("FERROCE_UDP_BIND={v:?} is not an address")))
 }
 
 /// With `FERROCE_COLL_STATS` set: the device counters of a rank on stderr

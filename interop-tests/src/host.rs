@@ -69,6 +69,76 @@ fn build_ferroce() -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// `ferroce-coll-bench` built with the `rdma-core` feature (ranks on ferroce with `--fabric env`,
+/// ranks on rdma-core's libibverbs with `--fabric rdma-core`): `$FERROCE_COLL_BENCH_BIN` if set,
+/// else built (release) like [`ferroce_bin`]. Needs cmake and libclang (sideway's
+/// rdma-mummy-sys). It needs only glibc and libgcc_s at load time: libibverbs.so.1 is
+/// `dlopen`ed when the process starts, the VM's own in the VM.
+pub fn coll_bench_bin() -> Result<PathBuf> {
+    static BIN: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    BIN.get_or_init(|| build_coll_bench().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(Error::Unavailable)
+}
+
+fn build_coll_bench() -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os("FERROCE_COLL_BENCH_BIN").filter(|b| !b.is_empty()) {
+        let bin = PathBuf::from(bin);
+        if bin.is_file() {
+            return Ok(bin);
+        }
+        return Err(Error::Unavailable(format!(
+            "FERROCE_COLL_BENCH_BIN={} is not a file",
+            bin.display()
+        )));
+    }
+    if which("cmake").is_none() {
+        return Err(Error::Unavailable(
+            "cmake is missing (the rdma-core feature's rdma-mummy-sys builds with it)".into(),
+        ));
+    }
+    let exe = std::env::current_exe().map_err(|e| Error::io("current_exe", e))?;
+    let target = target_dir_of(&exe).ok_or_else(|| {
+        Error::Unavailable(format!(
+            "cannot derive the target folder from {}; set FERROCE_COLL_BENCH_BIN",
+            exe.display()
+        ))
+    })?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let args = [
+        "build",
+        "--release",
+        "-p",
+        "ferroce-collectives",
+        "--features",
+        "rdma-core",
+        "--bin",
+        "ferroce-coll-bench",
+    ];
+    let started = Instant::now();
+    let out = Command::new(&cargo)
+        .args(args)
+        .current_dir(&workspace)
+        .env("CARGO_TARGET_DIR", &target)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| Error::io("running cargo build -p ferroce-collectives", e))?;
+    if !out.status.success() {
+        return Err(Error::HostCommand {
+            cmd: format!("cargo {}", args.join(" ")),
+            detail: tail_lines(&String::from_utf8_lossy(&out.stderr), 30),
+        });
+    }
+    let bin = target.join("release").join("ferroce-coll-bench");
+    eprintln!(
+        "ferroce-coll-bench (rdma-core) {} ready in {:.1} s",
+        bin.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(bin)
+}
+
 /// `<target>` of `<target>/<profile>/deps/<exe>` (integration tests) or `<target>/<profile>/<exe>`.
 fn target_dir_of(exe: &Path) -> Option<PathBuf> {
     let mut dir = exe.parent()?;
