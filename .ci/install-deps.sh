@@ -18,6 +18,9 @@ need_rdma=()
 ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need_rdma+=(libclang-dev)
 command -v ibv_rc_pingpong >/dev/null 2>&1 || need_rdma+=(ibverbs-utils)
 command -v ib_write_bw >/dev/null 2>&1 || need_rdma+=(perftest)
+# collectives' rdma-core feature (sideway's rdma-mummy-sys builds its shim with cmake); its tests
+# build it on demand.
+command -v cmake >/dev/null 2>&1 || need_rdma+=(cmake)
 if [ "${#need_rdma[@]}" -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need_rdma[@]}"

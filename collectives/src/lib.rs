@@ -22,8 +22,8 @@ pub use communicator::{Algorithms, AllreduceAlgo, Communicator, TreeAlgo};
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, Result};
 pub use half;
-pub use transport::local::{local_world, LocalTransport};
-pub use transport::rdma::{RdmaConfig, RdmaEndpoint, RdmaTransport};
 #[cfg(feature = "rdma-core")]
 pub use transport::ibverbs::{IbvEndpoint, IbvTransport};
+pub use transport::local::{local_world, LocalTransport};
+pub use transport::rdma::{RdmaConfig, RdmaEndpoint, RdmaTransport};
 pub use transport::Transport;

@@ -66,31 +66,44 @@ fn tools() -> &'static Tools {
         let target = target_dir();
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let started = Instant::now();
-        let out = Command::new(&cargo)
-            .args([
+        // Two builds, the bench's exactly as ferroce-interop's `coll_bench_bin` runs it: one
+        // command with both packages would unify their dependencies' features differently
+        // and make each test rebuild the other's binary.
+        let builds: [&[&str]; 2] = [
+            &[
                 "build",
                 "--release",
                 "-p",
                 "ferroce-collectives",
                 "--features",
-                "ferroce-collectives/rdma-core",
+                "rdma-core",
                 "--bin",
                 "ferroce-coll-bench",
+            ],
+            &[
+                "build",
+                "--release",
                 "-p",
                 "ferroce-ibverbs-compat",
                 "--bin",
                 "ferroce-libibverbs",
-            ])
-            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
-            .env("CARGO_TARGET_DIR", &target)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run cargo build");
-        assert!(
-            out.status.success(),
-            "building the rdma-core bench and ferroce's libibverbs failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+            ],
+        ];
+        for args in builds {
+            let out = Command::new(&cargo)
+                .args(args)
+                .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+                .env("CARGO_TARGET_DIR", &target)
+                .stdin(Stdio::null())
+                .output()
+                .expect("run cargo build");
+            assert!(
+                out.status.success(),
+                "cargo {} failed:\n{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         let rel = target.join("release");
         // Its own folder: another test binary may link its copy at the same time.
         let lib_dir = rel.join("coll-rdma-core-libibverbs");
@@ -225,10 +238,7 @@ fn check_table(what: &str, out: &str) {
         vec![8, 64, 512, 4096, 32768, 262_144],
         "{what}: sizes run\n{out}"
     );
-    assert!(
-        r.iter().all(|x| x.1 == 0),
-        "{what}: wrong elements\n{out}"
-    );
+    assert!(r.iter().all(|x| x.1 == 0), "{what}: wrong elements\n{out}");
     eprintln!("{what}: {} sizes, #wrong 0", r.len());
 }
 
@@ -248,7 +258,11 @@ fn allreduce_over_rdma_core_2_3_4_ranks() {
     }
     // Recursive doubling (2, 4), the fold onto a power of two (3), Rabenseifner (4):
     // small sizes take the first, large ones the second.
-    for (n, dtype, redop) in [(2, "float", "sum"), (3, "int32", "max"), (4, "bfloat16", "sum")] {
+    for (n, dtype, redop) in [
+        (2, "float", "sum"),
+        (3, "int32", "max"),
+        (4, "bfloat16", "sum"),
+    ] {
         let stacks = vec![Stack::RdmaCore; n];
         let out = job(
             &format!("crc{n}"),

@@ -157,7 +157,13 @@ fn mixed_ferroce_rxe_allreduce_4_ranks() {
     }
     let st = lab
         .command("ip")
-        .args(["addr", "add", &format!("{HOST2}/24"), "dev", lab.host_iface()])
+        .args([
+            "addr",
+            "add",
+            &format!("{HOST2}/24"),
+            "dev",
+            lab.host_iface(),
+        ])
         .status()
         .expect("ip addr add");
     assert!(st.success(), "adding {HOST2} to {}", lab.host_iface());
@@ -169,15 +175,43 @@ fn mixed_ferroce_rxe_allreduce_4_ranks() {
         (
             "allreduce float sum",
             &[
-                "allreduce", "-d", "float", "-o", "sum", "-b", "8", "-e", "256K", "-f", "8", "-w",
-                "1", "-i", "2",
+                "allreduce",
+                "-d",
+                "float",
+                "-o",
+                "sum",
+                "-b",
+                "8",
+                "-e",
+                "256K",
+                "-f",
+                "8",
+                "-w",
+                "1",
+                "-i",
+                "2",
             ],
         ),
         (
             "allreduce int32 max, ring",
             &[
-                "allreduce", "-d", "int32", "-o", "max", "--algo", "ring", "-b", "4K", "-e", "1M",
-                "-f", "16", "-w", "1", "-i", "2",
+                "allreduce",
+                "-d",
+                "int32",
+                "-o",
+                "max",
+                "--algo",
+                "ring",
+                "-b",
+                "4K",
+                "-e",
+                "1M",
+                "-f",
+                "16",
+                "-w",
+                "1",
+                "-i",
+                "2",
             ],
         ),
     ];
@@ -216,8 +250,5 @@ fn mixed_ferroce_rxe_allreduce_4_ranks() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
-    eprintln!(
-        "{test}: done in {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
+    eprintln!("{test}: done in {:.1} s", started.elapsed().as_secs_f64());
 }

@@ -119,9 +119,8 @@ impl IbvEndpoint {
             .map_err(|e| ibv_err(format!("querying {name} port {PORT}"), e))?;
         let gid_index = match gid_index {
             Some(i) => i,
-            None => pick_gid(&ctx, port.gid_tbl_len().max(0) as u32).ok_or_else(|| {
-                Error::Ibverbs(format!("{name} port {PORT} has no usable GID"))
-            })?,
+            None => pick_gid(&ctx, port.gid_tbl_len().max(0) as u32)
+                .ok_or_else(|| Error::Ibverbs(format!("{name} port {PORT} has no usable GID")))?,
         };
         let gid: Ipv6Addr = ctx
             .query_gid(PORT, gid_index)
@@ -186,7 +185,7 @@ impl IbvEndpoint {
         let ring = cfg.chunk * cfg.slots;
         let mut entries = vec![None; size];
         let mut made = Vec::with_capacity(size);
-        for j in 0..size {
+        for (j, entry) in entries.iter_mut().enumerate() {
             if j == rank {
                 made.push(None);
                 continue;
@@ -212,7 +211,7 @@ impl IbvEndpoint {
             qp.modify(&attr)
                 .map_err(|e| ibv_err(format!("QP to rank {j} to INIT"), e))?;
             let psn = wire::psn_for(cfg.seed, rank, j);
-            entries[j] = Some(QpAddr {
+            *entry = Some(QpAddr {
                 qpn: qp.qp_number(),
                 psn,
                 addr: recv.addr(),
@@ -377,7 +376,10 @@ impl Ring {
     /// The caller makes sure the device does not read that range now (no
     /// posted WRITE from it is incomplete).
     fn write(&self, off: usize, src: &[u8]) -> Result<()> {
-        if off.checked_add(src.len()).is_none_or(|end| end > self.len()) {
+        if off
+            .checked_add(src.len())
+            .is_none_or(|end| end > self.len())
+        {
             return Err(Error::Invalid(format!(
                 "{} bytes at {off} of a {}-byte ring",
                 src.len(),
@@ -398,7 +400,10 @@ impl Ring {
     /// The caller makes sure the peer does not write that range now (its
     /// chunk there completed and the slot's credit was not returned).
     fn read(&self, off: usize, dst: &mut [u8]) -> Result<()> {
-        if off.checked_add(dst.len()).is_none_or(|end| end > self.len()) {
+        if off
+            .checked_add(dst.len())
+            .is_none_or(|end| end > self.len())
+        {
             return Err(Error::Invalid(format!(
                 "{} bytes at {off} of a {}-byte ring",
                 dst.len(),
@@ -488,7 +493,10 @@ fn status_str(s: u32) -> &'static str {
         (S::RemoteInvalidRequestError, "remote invalid request error"),
         (S::RemoteAccessError, "remote access error"),
         (S::RemoteOperationError, "remote operation error"),
-        (S::RetryCounterExceededError, "transport retry counter exceeded"),
+        (
+            S::RetryCounterExceededError,
+            "transport retry counter exceeded",
+        ),
         (
             S::ResponderNotReadyRetryCounterExceededError,
             "RNR retry counter exceeded",

@@ -182,7 +182,7 @@ impl RdmaEndpoint {
         let ring = cfg.chunk * cfg.slots;
         let mut entries = vec![None; size];
         let mut made = Vec::with_capacity(size);
-        for j in 0..size {
+        for (j, entry) in entries.iter_mut().enumerate() {
             if j == rank {
                 made.push(None);
                 continue;
@@ -201,7 +201,7 @@ impl RdmaEndpoint {
                 ..base_opts
             };
             qp.to_init(&opts)?;
-            entries[j] = Some(QpAddr {
+            *entry = Some(QpAddr {
                 qpn: qp.qpn(),
                 psn: opts.local_psn,
                 addr: recv_mr.addr(),
@@ -216,7 +216,15 @@ impl RdmaEndpoint {
                 peers.push(None);
                 continue;
             };
-            let (gid_bytes, QpAddr { qpn, psn, addr, rkey }) = wire::remote(&all, j, rank, size)?;
+            let (
+                gid_bytes,
+                QpAddr {
+                    qpn,
+                    psn,
+                    addr,
+                    rkey,
+                },
+            ) = wire::remote(&all, j, rank, size)?;
             qp.connect(
                 &self.ctx,
                 &RemoteQp {
