@@ -136,6 +136,30 @@ enum Stack {
     Ferroce,
 }
 
+/// Rank `i` of `n` in host `i` of `topo`, on `stack`, master at host 0.
+fn rank_command(topo: &Topology, n: usize, i: usize, stack: Stack, bench_args: &[&str]) -> Command {
+    let t = tools();
+    let mut c = topo.command(i, t.bench.to_str().expect("utf-8 path"));
+    c.args(bench_args)
+        .env("RANK", i.to_string())
+        .env("WORLD_SIZE", n.to_string())
+        .env("MASTER_ADDR", topo.host(0).ipv4.to_string())
+        .env("MASTER_PORT", MASTER_PORT)
+        .env("FERROCE_BOOTSTRAP_TIMEOUT", "60")
+        .stdin(Stdio::null());
+    match stack {
+        Stack::RdmaCore => c
+            .args(["--fabric", "rdma-core"])
+            .env("LD_LIBRARY_PATH", &t.lib_dir)
+            .env("FERROCE_DEVICE", &topo.host(i).ifname)
+            .env("FERROCE_BACKEND", BACKEND),
+        Stack::Ferroce => c
+            .args(["--fabric", "env", "--backend", BACKEND])
+            .env("FERROCE_IFACE", &topo.host(i).ifname),
+    };
+    c
+}
+
 /// Runs one job, rank `i` in host `i` on `stacks[i]`; returns rank 0's stdout.
 fn job(tag: &str, stacks: &[Stack], bench_args: &[&str]) -> String {
     let n = stacks.len();
@@ -146,34 +170,16 @@ fn job(tag: &str, stacks: &[Stack], bench_args: &[&str]) -> String {
         ..TopologyConfig::default()
     })
     .expect("netns topology");
-    let t = tools();
-    let master = topo.host(0).ipv4.to_string();
     let children: Vec<Child> = stacks
         .iter()
         .enumerate()
         .rev() // workers first; rank 0 (the master) waits for them anyway
         .map(|(i, &s)| {
-            let mut c = topo.command(i, t.bench.to_str().expect("utf-8 path"));
-            c.args(bench_args)
-                .env("RANK", i.to_string())
-                .env("WORLD_SIZE", n.to_string())
-                .env("MASTER_ADDR", &master)
-                .env("MASTER_PORT", MASTER_PORT)
-                .env("FERROCE_BOOTSTRAP_TIMEOUT", "60")
-                .stdin(Stdio::null())
+            rank_command(&topo, n, i, s, bench_args)
                 .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            match s {
-                Stack::RdmaCore => c
-                    .args(["--fabric", "rdma-core"])
-                    .env("LD_LIBRARY_PATH", &t.lib_dir)
-                    .env("FERROCE_DEVICE", &topo.host(i).ifname)
-                    .env("FERROCE_BACKEND", BACKEND),
-                Stack::Ferroce => c
-                    .args(["--fabric", "env", "--backend", BACKEND])
-                    .env("FERROCE_IFACE", &topo.host(i).ifname),
-            };
-            c.spawn().expect("start a rank")
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start a rank")
         })
         .collect();
     let deadline = Instant::now() + JOB_TIMEOUT;
@@ -290,4 +296,91 @@ fn ferroce_and_rdma_core_ranks_in_one_job() {
     check_table("2 ferroce + 2 rdma-core ranks, allreduce", &out);
     let out = job("cmix", &stacks, &bench_args("allgather", "int32", "sum"));
     check_table("2 ferroce + 2 rdma-core ranks, allgather", &out);
+}
+
+#[test]
+fn a_dead_rdma_core_rank_fails_the_others() {
+    let test = "a_dead_rdma_core_rank_fails_the_others";
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIP {test}: {why}");
+        return;
+    }
+    let n = 3;
+    let topo = Topology::up(&TopologyConfig {
+        hosts: n,
+        bridge: true,
+        tag: Some("cdead".into()),
+        ..TopologyConfig::default()
+    })
+    .expect("netns topology");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(test);
+    std::fs::create_dir_all(&dir).expect("log folder");
+    // Far more iterations than fit in the test: only the kill ends it.
+    let args = [
+        "allreduce",
+        "-b",
+        "1M",
+        "-e",
+        "1M",
+        "-w",
+        "0",
+        "-i",
+        "1000000",
+        "--timeout",
+        "5",
+    ];
+    let mut ranks: Vec<(Child, PathBuf)> = (0..n)
+        .rev()
+        .map(|i| {
+            let err = dir.join(format!("rank{i}.err"));
+            let f = std::fs::File::create(&err).expect("log file");
+            let child = rank_command(&topo, n, i, Stack::RdmaCore, &args)
+                .stdout(Stdio::null())
+                .stderr(f)
+                .spawn()
+                .expect("start a rank");
+            (child, err)
+        })
+        .collect();
+    ranks.reverse();
+    // Kill rank 2 once rank 0 is inside the timed loop (its progress line).
+    let deadline = Instant::now() + JOB_TIMEOUT;
+    while !std::fs::read_to_string(&ranks[0].1)
+        .unwrap_or_default()
+        .contains("# running")
+    {
+        assert!(Instant::now() < deadline, "rank 0 never started the loop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let (mut dead, _) = ranks.pop().expect("rank 2");
+    dead.kill().expect("kill rank 2");
+    let _ = dead.wait();
+    let killed = Instant::now();
+    // The transport's time-out (--timeout 5), or sooner through a
+    // retry-exceeded completion; slack for a loaded machine.
+    let bound = Duration::from_secs(5 + 15);
+    for (i, (child, err)) in ranks.into_iter().enumerate() {
+        let (out, timed_out) = wait(child, killed + bound);
+        let text = std::fs::read_to_string(&err).unwrap_or_default();
+        assert!(
+            !timed_out,
+            "rank {i} still running {bound:?} after rank 2 died:\n{text}"
+        );
+        assert!(
+            !out.status.success() && text.contains("ferroce-coll-bench:"),
+            "rank {i} should fail with an error: {}\n{text}",
+            out.status
+        );
+        let last = text
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .trim_start_matches('\r');
+        eprintln!(
+            "rank {i} failed {:.1} s after the kill: {}",
+            killed.elapsed().as_secs_f64(),
+            last.rsplit('\r').next().unwrap_or(last)
+        );
+    }
 }

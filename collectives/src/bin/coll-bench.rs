@@ -68,6 +68,9 @@ struct Args {
     /// Receive slots (credit window) per peer (default: FERROCE_COLL_SLOTS or 8).
     #[arg(long)]
     slots: Option<usize>,
+    /// Seconds without progress after which a collective fails (a dead rank; default 30).
+    #[arg(long)]
+    timeout: Option<f64>,
     /// Root of broadcast/reduce.
     #[arg(short = 'r', long, default_value_t = 0)]
     root: usize,
@@ -367,6 +370,10 @@ fn real_main(a: &Args) -> Result<()> {
     }
     if let Some(n) = a.slots {
         rcfg.slots = n;
+    }
+    if let Some(t) = a.timeout {
+        rcfg.timeout = std::time::Duration::try_from_secs_f64(t)
+            .map_err(|_| Error::Invalid(format!("--timeout {t}")))?;
     }
     let body = |c: &Communicator<'_>| -> Result<()> {
         if c.rank() == 0 {
