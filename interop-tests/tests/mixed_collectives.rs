@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use ferroce_interop::host::{coll_bench_bin, HostJob};
+use ferroce_interop::matrix::{write_section, Row, Verdict};
 use ferroce_interop::vm::{self, Output, RxeLab};
 use ferroce_interop::Image;
 
@@ -216,6 +217,7 @@ fn mixed_ferroce_rxe_allreduce_4_ranks() {
         ),
     ];
     let mut failures = Vec::new();
+    let mut results = Vec::new();
     for (what, args) in cases {
         let t0 = Instant::now();
         let outs = run_job(&lab, &bench, &dir, args);
@@ -234,9 +236,33 @@ fn mixed_ferroce_rxe_allreduce_4_ranks() {
         }
         let table = outs.first().map(Output::stdout_str).unwrap_or_default();
         let r = rows(&table);
-        if ok && (r.is_empty() || r.iter().any(|x| x.1 != 0)) {
+        let right = !r.is_empty() && r.iter().all(|x| x.1 == 0);
+        if ok && !right {
             failures.push(format!("{what}: wrong results or no rows:\n{table}"));
         }
+        let sizes = match (r.first(), r.last()) {
+            (Some(a), Some(b)) => format!("{} B – {} B", a.0, b.0),
+            _ => "no sizes".into(),
+        };
+        results.push(Row {
+            peer: "ferroce-coll-bench --fabric rdma-core (rxe0, 2 VMs)".into(),
+            operation: format!("{what}, 4 ranks, {sizes}"),
+            direction: "ferroce ⇄ rxe in one communicator (ranks 0, 2 host; 1, 3 VMs)".into(),
+            params: "ferroce UDP backend on veth-h (10.77.0.1, .2); RoCE v2 IPv4-mapped GIDs; \
+                     path MTU 4096"
+                .into(),
+            verdict: if ok && right {
+                Verdict::Pass
+            } else {
+                Verdict::Fail
+            },
+            seconds: t0.elapsed().as_secs_f64(),
+            note: if ok && right {
+                format!("{} sizes, #wrong 0 at each", r.len())
+            } else {
+                "see the test output".into()
+            },
+        });
         eprintln!(
             "{test}: {what}: {} sizes in {:.1} s, #wrong {:?}\n{table}",
             r.len(),
@@ -249,6 +275,17 @@ fn mixed_ferroce_rxe_allreduce_4_ranks() {
             }
         }
     }
+    let intro = "## Collectives: ferroce and rxe ranks in one job\n\n\
+        `tests/mixed_collectives.rs`: a 4-rank `ferroce-coll-bench allreduce`, ranks 0 and 2 on \
+        ferroce (host side, `--fabric env`), ranks 1 and 3 on rxe through rdma-core's libibverbs \
+        (`--fabric rdma-core`, feature `rdma-core`) in two VMs; every result element checked.";
+    write_section(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md"),
+        "collectives",
+        intro,
+        &results,
+    )
+    .expect("write RESULTS.md");
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     eprintln!("{test}: done in {:.1} s", started.elapsed().as_secs_f64());
 }
