@@ -21,8 +21,9 @@
 //! backend).
 //!
 //! Waiting: completions are polled; a rank with nothing to do yields the CPU
-//! for `spin`, then sleeps in growing steps up to 1 ms (no completion channel:
-//! simpler, and the time-out check stays in one loop).
+//! for `spin`, then arms the CQ (`ibv_req_notify_cq`), polls once more (a
+//! completion may have come before the arming) and sleeps in `poll(2)` on the
+//! CQ's completion channel, at most 20 ms at a time so the time-out is checked.
 //!
 //! Buffers are page-aligned allocations owned here and registered with the
 //! device; the device writes into the receive ring behind the compiler's
@@ -32,14 +33,15 @@
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::VecDeque;
 use std::net::Ipv6Addr;
+use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
 use sideway::ibverbs::completion::{
-    BasicCompletionQueue, PollCompletionQueueError, WorkCompletionOperationType,
-    WorkCompletionStatus,
+    BasicCompletionQueue, CompletionChannel, CompletionQueue as _, PollCompletionQueueError,
+    WorkCompletionOperationType, WorkCompletionStatus,
 };
 use sideway::ibverbs::device::{DeviceInfo, DeviceList};
 use sideway::ibverbs::device_context::{DeviceContext, Mtu};
@@ -175,10 +177,16 @@ impl IbvEndpoint {
         let (rank, size) = (rv.rank(), rv.size());
         let sq = (2 * cfg.slots + 8) as u32;
         let rq = (2 * cfg.slots + 8) as u32;
+        let channel = CompletionChannel::new(&self.ctx)
+            .map_err(|e| ibv_err("creating a completion channel", e))?;
+        channel
+            .set_nonblocking(true)
+            .map_err(|e| ibv_err("completion channel non-blocking", e))?;
         let cq = self
             .ctx
             .create_cq_builder()
             .setup_cqe((sq + rq) * size.max(1) as u32 + 64)
+            .setup_comp_channel(&channel, 0)
             .build()
             .map_err(|e| ibv_err("creating the CQ", e))?;
         let access = AccessFlags::LocalWrite | AccessFlags::RemoteWrite;
@@ -278,6 +286,7 @@ impl IbvEndpoint {
             cfg: *cfg,
             peers,
             cq,
+            channel,
             wcs: Vec::with_capacity(64),
         })
     }
@@ -463,9 +472,10 @@ pub struct IbvTransport {
     rank: usize,
     size: usize,
     cfg: RdmaConfig,
-    // Dropped before the CQ they complete into.
+    // Dropped before the CQ they complete into, and the CQ before its channel.
     peers: Vec<Option<Peer>>,
     cq: Arc<BasicCompletionQueue>,
+    channel: Arc<CompletionChannel>,
     wcs: Vec<Wc>,
 }
 
@@ -510,6 +520,54 @@ fn status_str(s: u32) -> &'static str {
 }
 
 impl IbvTransport {
+    /// Ask for an event on the channel at the next completion.
+    fn arm(&self) -> Result<()> {
+        // SAFETY: `self.cq` keeps the CQ (and its context) alive; the call
+        // goes through the context's ops table, which the provider filled.
+        let rc = unsafe { rdma_mummy_sys::ibv_req_notify_cq(self.cq.cq().as_ptr(), 0) };
+        if rc != 0 {
+            return Err(ibv_err(
+                "arming the CQ",
+                std::io::Error::from_raw_os_error(rc),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sleep until the armed CQ has an event or `d` passes; consume the event.
+    fn sleep_on_channel(&self, d: Duration) -> Result<()> {
+        let mut pfd = libc::pollfd {
+            fd: self.channel.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = d.as_millis().clamp(1, 1000) as libc::c_int;
+        // SAFETY: one valid pollfd, alive for the duration of the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n <= 0 {
+            // Time-out, or EINTR: the caller polls the CQ again either way.
+            return Ok(());
+        }
+        let mut cq: *mut rdma_mummy_sys::ibv_cq = std::ptr::null_mut();
+        let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: the channel is alive (`self.channel`) and non-blocking, the
+        // out-pointers are valid locals.
+        let rc = unsafe {
+            rdma_mummy_sys::ibv_get_cq_event(
+                self.channel.comp_channel().as_ptr(),
+                &mut cq,
+                &mut ctx,
+            )
+        };
+        if rc == 0 && !cq.is_null() {
+            // SAFETY: `cq` is the CQ the event was for: ours, the only one on
+            // this channel; acknowledged at once, so destroying it later does
+            // not wait on unacknowledged events.
+            unsafe { rdma_mummy_sys::ibv_ack_cq_events(cq, 1) };
+        }
+        Ok(())
+    }
+
     fn peer(&mut self, j: usize) -> Result<&mut Peer> {
         let rank = self.rank;
         self.peers
@@ -653,7 +711,6 @@ impl Transport for IbvTransport {
         let mut send_off = vec![0usize; sends.len()];
         let mut recv_off = vec![0usize; recvs.len()];
         let mut last_progress = Instant::now();
-        let mut nap = Duration::from_micros(20);
         loop {
             let mut progressed = self.drain_cq()? > 0;
             let mut all_done = true;
@@ -743,7 +800,6 @@ impl Transport for IbvTransport {
             }
             if progressed {
                 last_progress = Instant::now();
-                nap = Duration::from_micros(20);
                 continue;
             }
             let idle = last_progress.elapsed();
@@ -772,8 +828,12 @@ impl Transport for IbvTransport {
                     waiting_on,
                 });
             }
-            std::thread::sleep(nap);
-            nap = (nap * 2).min(Duration::from_millis(1));
+            self.arm()?;
+            if self.drain_cq()? > 0 {
+                last_progress = Instant::now();
+                continue;
+            }
+            self.sleep_on_channel((self.cfg.timeout - idle).min(Duration::from_millis(20)))?;
         }
     }
 }
