@@ -4,7 +4,9 @@
 //! PMI and Slurm, rendezvous over TCP, and runs point-to-point and collective
 //! operations (allreduce, broadcast, reduce, allgather, reduce-scatter,
 //! alltoall, barrier) with algorithms chosen by message size and rank count,
-//! over `ferroce-verbs`. The reduction order of each algorithm is in [`algo`].
+//! over `ferroce-verbs` or, with the `rdma-core` feature, rdma-core's
+//! libibverbs (real RNICs, rxe); ranks of both kinds can share a job. The
+//! reduction order of each algorithm is in [`algo`].
 // unsafe only in the rdma-core FFI backend (transport::ibverbs).
 #![deny(unsafe_code)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]

@@ -3,7 +3,7 @@
 //! buffers of `chunk` bytes, RDMA WRITE WITH IMMEDIATE carrying the chunk
 //! length and piggybacked credits, lone credits in a zero-length SEND WITH
 //! IMMEDIATE — over rdma-core's libibverbs, so a job runs on real RNICs and on
-//! rxe. The rendezvous blob, PSNs and immediates are [`super::wire`]'s, so ranks
+//! rxe. The rendezvous blob, PSNs and immediates are `transport::wire`'s, so ranks
 //! on this backend and ranks on ferroce join one communicator (both speak
 //! RoCE v2 on the wire).
 //!
@@ -16,7 +16,7 @@
 //! Connection: port 1, RoCE v2 GID (the first RoCE v2 GID holding an
 //! IPv4-mapped address, as `show_gids` users pick by hand; else the first
 //! RoCE v2 one; override with `FERROCE_IBV_GID`), path MTU = the port's
-//! active MTU, initial PSNs from [`wire::psn_for`], local ACK time-out
+//! active MTU, initial PSNs from `wire::psn_for`, local ACK time-out
 //! `ack_timeout`, retry and RNR retry 7 (infinite RNR retry, as the ferroce
 //! backend).
 //!
