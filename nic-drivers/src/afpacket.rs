@@ -15,7 +15,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 
 use crate::frame::ROCE_V2_PORT;
-use crate::sys;
+use crate::{offload, sys};
 use crate::{NicError, PacketIo, RxSink, Stats, TxFill};
 
 // linux/if_packet.h
@@ -27,10 +27,23 @@ const PACKET_LOSS: libc::c_int = 14;
 const PACKET_TX_RING: libc::c_int = 13;
 const PACKET_QDISC_BYPASS: libc::c_int = 20;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
+const PACKET_VNET_HDR: libc::c_int = 15;
+const PACKET_COPY_THRESH: libc::c_int = 7;
+// A V2 slot holds a cut copy; the whole frame waits on the socket.
+const TP_STATUS_COPY: u32 = 1 << 1;
+/// The largest frame the socket can hand over whole: a 64 KiB GSO
+/// super-frame with its headers and virtio-net header.
+const MAX_WHOLE_FRAME: usize = (64 << 10) + 256;
+// struct virtio_net_hdr (linux/virtio_net.h), little-endian fields: flags,
+// gso_type, hdr_len, gso_size, csum_start, csum_offset.
+const VNET_HDR_LEN: usize = 10;
+const VIRTIO_NET_HDR_GSO_UDP_L4: u8 = 5;
 const TPACKET_V2: libc::c_int = 1;
 const TPACKET_V3: libc::c_int = 2;
 const TP_STATUS_KERNEL: u32 = 0;
 const TP_STATUS_USER: u32 = 1;
+// The frame came from a local socket with its checksum left to the NIC.
+const TP_STATUS_CSUMNOTREADY: u32 = 1 << 3;
 const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
 const TP_STATUS_VLAN_TPID_VALID: u32 = 1 << 6;
 const TP_STATUS_AVAILABLE: u32 = 0;
@@ -266,7 +279,12 @@ pub struct AfPacketIo {
     tx_frame_size: usize,
     mtu: usize,
     _sink: Option<OwnedFd>,
+    // The RX ring carries a virtio-net header before each frame (GSO size).
+    vnet: bool,
     scratch: Vec<u8>,
+    segment: Vec<u8>,
+    // Frames too big for a V2 slot, read whole from the socket.
+    whole: Vec<u8>,
     stats: Stats,
     kernel_drops: Cell<u64>,
 }
@@ -315,27 +333,56 @@ fn bind_packet(fd: RawFd, ifindex: u32, proto: u16) -> Result<(), NicError> {
 /// Lends `f` to `sink`; when the kernel moved a VLAN tag into metadata, puts
 /// it back first (copy) so the layers above see the frame as sent. Returns the
 /// length delivered.
+/// What the kernel left undone on a received frame (see `offload`).
+#[derive(Debug, Clone, Copy, Default)]
+struct Pending {
+    /// The UDP checksum holds the partial form (TP_STATUS_CSUMNOTREADY).
+    csum: bool,
+    /// A UDP GSO super-frame of datagrams this long (0: a plain frame).
+    gso_size: usize,
+}
+
+/// Hands one received frame to `sink`: with its VLAN tag put back in, its
+/// checksum finished, cut into wire frames if it is a GSO super-frame.
+/// Returns the frames and bytes delivered ((0, 0): dropped).
 fn deliver(
     f: &[u8],
     vlan: Option<(u16, u16)>,
+    pending: Pending,
     scratch: &mut Vec<u8>,
+    segment: &mut Vec<u8>,
     sink: &mut RxSink<'_>,
-) -> usize {
+) -> (usize, usize) {
+    if vlan.is_none() && !pending.csum && pending.gso_size == 0 {
+        sink(f);
+        return (1, f.len());
+    }
+    scratch.clear();
     match vlan {
         Some((tpid, tci)) if f.len() >= 12 => {
-            scratch.clear();
             scratch.extend_from_slice(&f[..12]);
             scratch.extend_from_slice(&tpid.to_be_bytes());
             scratch.extend_from_slice(&tci.to_be_bytes());
             scratch.extend_from_slice(&f[12..]);
-            sink(scratch);
-            scratch.len()
         }
-        _ => {
-            sink(f);
-            f.len()
-        }
+        _ => scratch.extend_from_slice(f),
     }
+    if pending.gso_size > 0 {
+        let mut bytes = 0;
+        let mut each = |seg: &[u8]| {
+            bytes += seg.len();
+            sink(seg);
+        };
+        // None: not UDP over IP or cut short by the ring (counted as a drop).
+        let frames = offload::segment_udp(scratch, pending.gso_size, segment, &mut each);
+        return (frames.unwrap_or(0), bytes);
+    }
+    if pending.csum {
+        // What the NIC would have put there (a local UDP socket's frame over veth).
+        offload::complete(scratch);
+    }
+    sink(scratch);
+    (1, scratch.len())
 }
 
 /// A dual-stack UDP socket on `port` whose filter drops every datagram.
@@ -436,9 +483,32 @@ impl AfPacketIo {
         ) {
             tracing::warn!("{e}");
         }
-        // The ring must hold a 9 KB frame plus its header in one block.
+        // A GSO sender's frames cross veth uncut; the virtio-net header in
+        // front of each says how to cut them (see offload). Without it (old
+        // kernels) such frames arrive whole and are dropped by the stack.
+        let vnet = match sys::setsockopt(rx, SOL_PACKET, PACKET_VNET_HDR, &one, "PACKET_VNET_HDR") {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!("{e}");
+                false
+            }
+        };
+        // V2: a frame larger than its slot (a GSO super-frame) is also queued
+        // whole on the socket, to be read with recv.
+        if vnet && !v3 {
+            sys::setsockopt(
+                rx,
+                SOL_PACKET,
+                PACKET_COPY_THRESH,
+                &one,
+                "PACKET_COPY_THRESH",
+            )?;
+        }
+        // The ring must hold a 9 KB frame plus its header in one block; V3
+        // also cuts frames at tp_frame_size, and a GSO super-frame (see
+        // offload) is up to 64 KiB plus headers.
         let frame_size = if v3 {
-            16384.min(cfg.rx_block_size)
+            (128 << 10).min(cfg.rx_block_size)
         } else {
             V2_RX_FRAME
         };
@@ -526,7 +596,10 @@ impl AfPacketIo {
             } else {
                 None
             },
+            vnet,
             scratch: vec![0u8; frame_size + 4],
+            segment: Vec::with_capacity(frame_size + 4),
+            whole: Vec::new(),
             stats: Stats::default(),
             kernel_drops: Cell::new(0),
             cfg,
@@ -535,6 +608,71 @@ impl AfPacketIo {
 
     fn tx_slots(&self) -> usize {
         self.tx_ring.len / self.tx_frame_size
+    }
+
+    /// What the kernel left for a NIC on the frame whose ring header is at
+    /// `hdr`: its status bits and, with PACKET_VNET_HDR, the virtio-net
+    /// header just before the frame.
+    fn pending(&self, hdr: usize, mac_off: usize, status: u32) -> Pending {
+        let mut p = Pending {
+            csum: status & TP_STATUS_CSUMNOTREADY != 0,
+            gso_size: 0,
+        };
+        if self.vnet && mac_off >= VNET_HDR_LEN {
+            if let Some(v) = self
+                .rx_ring
+                .slice(hdr + mac_off - VNET_HDR_LEN, VNET_HDR_LEN)
+            {
+                // gso_type without its ECN bit.
+                if v[1] & 0x7F == VIRTIO_NET_HDR_GSO_UDP_L4 {
+                    p.gso_size = usize::from(u16::from_le_bytes([v[4], v[5]]));
+                }
+            }
+        }
+        p
+    }
+
+    fn count_rx(&mut self, frames: usize, bytes: usize) {
+        if frames == 0 {
+            self.stats.rx_dropped += 1;
+        }
+        self.stats.rx_frames += frames as u64;
+        self.stats.rx_bytes += bytes as u64;
+    }
+
+    /// Reads from the socket the whole frame whose V2 slot holds a cut copy
+    /// (a GSO super-frame larger than a slot; PACKET_COPY_THRESH queued it),
+    /// virtio-net header first, and delivers it.
+    fn recv_whole(
+        &mut self,
+        vlan: Option<(u16, u16)>,
+        status: u32,
+        sink: &mut RxSink<'_>,
+    ) -> (usize, usize) {
+        self.whole.resize(MAX_WHOLE_FRAME, 0);
+        // SAFETY: the buffer is ours and `whole.len()` bytes long; the fd is our RX socket.
+        let got = unsafe {
+            libc::recv(
+                self.rx_fd.as_raw_fd(),
+                self.whole.as_mut_ptr().cast(),
+                self.whole.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        self.stats.syscalls += 1;
+        let Some(got) = usize::try_from(got).ok().filter(|&g| g > VNET_HDR_LEN) else {
+            return (0, 0);
+        };
+        let (v, f) = self.whole[..got].split_at(VNET_HDR_LEN);
+        let pending = Pending {
+            csum: status & TP_STATUS_CSUMNOTREADY != 0,
+            gso_size: if v[1] & 0x7F == VIRTIO_NET_HDR_GSO_UDP_L4 {
+                usize::from(u16::from_le_bytes([v[4], v[5]]))
+            } else {
+                0
+            },
+        };
+        deliver(f, vlan, pending, &mut self.scratch, &mut self.segment, sink)
     }
 
     /// TPACKET_V2 receive: one frame per slot, slots in ring order.
@@ -557,14 +695,21 @@ impl AfPacketIo {
                 };
                 (tpid, self.rx_ring.read_u16(hdr + T2_VLAN_TCI))
             });
-            match self.rx_ring.slice(hdr + mac_off, snaplen) {
-                Some(f) if mac_off + snaplen <= V2_RX_FRAME => {
-                    let len = deliver(f, vlan, &mut self.scratch, sink);
-                    self.stats.rx_frames += 1;
-                    self.stats.rx_bytes += len as u64;
-                    n += 1;
+            let pending = self.pending(hdr, mac_off, status);
+            if status & TP_STATUS_COPY != 0 && self.vnet {
+                let (frames, len) = self.recv_whole(vlan, status, sink);
+                self.count_rx(frames, len);
+                n += frames.max(1);
+            } else {
+                match self.rx_ring.slice(hdr + mac_off, snaplen) {
+                    Some(f) if mac_off + snaplen <= V2_RX_FRAME => {
+                        let (frames, len) =
+                            deliver(f, vlan, pending, &mut self.scratch, &mut self.segment, sink);
+                        self.count_rx(frames, len);
+                        n += frames.max(1);
+                    }
+                    _ => self.stats.rx_dropped += 1,
                 }
-                _ => self.stats.rx_dropped += 1,
             }
             if let Some(a) = self.rx_ring.atomic_u32(hdr + T2_STATUS) {
                 a.store(TP_STATUS_KERNEL, Ordering::Release);
@@ -635,11 +780,12 @@ impl PacketIo for AfPacketIo {
                     };
                     (tpid, self.rx_ring.read_u32(hdr + T3_VLAN_TCI) as u16)
                 });
+                let pending = self.pending(hdr, mac_off, pstatus);
                 if let Some(f) = self.rx_ring.slice(hdr + mac_off, snaplen) {
-                    let len = deliver(f, vlan, &mut self.scratch, sink);
-                    self.stats.rx_frames += 1;
-                    self.stats.rx_bytes += len as u64;
-                    n += 1;
+                    let (frames, len) =
+                        deliver(f, vlan, pending, &mut self.scratch, &mut self.segment, sink);
+                    self.count_rx(frames, len);
+                    n += frames.max(1);
                 } else {
                     self.stats.rx_dropped += 1;
                 }

@@ -25,6 +25,7 @@ pub mod mem;
 pub mod middleware;
 pub mod neigh;
 pub mod netns;
+pub mod offload;
 mod sys;
 pub mod udp;
 

@@ -27,14 +27,15 @@ fn root_or_skip(test: &str) -> bool {
     false
 }
 
+/// Opens host 0 and host 1 on `backends[0]` and `backends[1]`.
 fn open_hosts(
     topo: &Topology,
-    backend: Backend,
+    backends: [Backend; 2],
     pcap: Option<PathBuf>,
     faults: Option<ferroce_nic::FaultConfig>,
 ) -> (Context, Context) {
     let mut v = Vec::new();
-    for i in 0..2 {
+    for (i, &backend) in backends.iter().enumerate() {
         let mut cfg = DeviceConfig::new(&topo.host(i).ifname, backend);
         cfg.netns = Some(topo.host(i).ns.clone());
         cfg.seed = 77 + i as u64;
@@ -282,9 +283,14 @@ fn every_op(c: &Conn<'_, '_>, ma: &MemoryRegion<'_>, mb: &MemoryRegion<'_>, size
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn matrix(backend: Backend, faults: Option<ferroce_nic::FaultConfig>) {
+    matrix_between([backend; 2], faults)
+}
+
+/// The matrix with host 0 on `backends[0]` and host 1 on `backends[1]`.
+fn matrix_between(backends: [Backend; 2], faults: Option<ferroce_nic::FaultConfig>) {
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let topo = Topology::up(&TopologyConfig::default()).unwrap();
-    let (ca, cb) = open_hosts(&topo, backend, None, faults);
+    let (ca, cb) = open_hosts(&topo, backends, None, faults);
     let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
     let access = ConnectOptions::default().access;
     let ma = pa.reg_mr(BUF, access).unwrap();
@@ -297,7 +303,7 @@ fn matrix(backend: Backend, faults: Option<ferroce_nic::FaultConfig>) {
     };
     let mut psn = 0x00ff_fff0; // near the 24-bit wrap
                                // The UDP backend's socket is bound to one IPv4 address: no IPv6 GID.
-    let paths: &[(u32, bool)] = if backend == Backend::Udp {
+    let paths: &[(u32, bool)] = if backends.contains(&Backend::Udp) {
         &[(1024, false), (4096, false)]
     } else {
         &[(1024, false), (4096, true), (4096, false)]
@@ -313,7 +319,7 @@ fn matrix(backend: Backend, faults: Option<ferroce_nic::FaultConfig>) {
                 // Say what the engines saw before failing.
                 for (name, ctx) in [("A", &ca), ("B", &cb)] {
                     let s = ctx.stats();
-                    eprintln!("{backend:?} mtu {mtu} ipv6 {ipv6} size {size}: host {name}: {:?}\n    {:?}", s.io, s.core);
+                    eprintln!("{backends:?} mtu {mtu} ipv6 {ipv6} size {size}: host {name}: {:?}\n    {:?}", s.io, s.core);
                 }
                 std::panic::resume_unwind(p);
             }
@@ -351,7 +357,7 @@ fn matrix(backend: Backend, faults: Option<ferroce_nic::FaultConfig>) {
     assert!(conns.iter().all(|c| c.qa.qp_type() == QpType::Rc));
     let s = ca.stats();
     eprintln!(
-        "{backend:?} faults={lossy}: A sent {} frames, retransmits {}, drops {:?}",
+        "{backends:?} faults={lossy}: A sent {} frames, retransmits {}, drops {:?}",
         s.io.tx_frames, s.core.retransmits, s.core.drops
     );
 }
@@ -374,6 +380,23 @@ fn afpacket_every_operation() {
 fn udp_every_operation() {
     if root_or_skip("udp_every_operation") {
         matrix(Backend::Udp, None);
+    }
+}
+
+/// A UDP-socket host and a raw-frame host on one veth link: the raw side sees
+/// the kernel's offload forms (partial checksums, uncut GSO frames) and must
+/// finish them as a NIC would (nic-drivers' offload module).
+#[test]
+fn udp_and_afpacket_hosts_together() {
+    if root_or_skip("udp_and_afpacket_hosts_together") {
+        matrix_between([Backend::Udp, Backend::AfPacket], None);
+    }
+}
+
+#[test]
+fn afxdp_and_udp_hosts_together() {
+    if root_or_skip("afxdp_and_udp_hosts_together") {
+        matrix_between([Backend::AfXdp, Backend::Udp], None);
     }
 }
 
@@ -410,7 +433,7 @@ fn captured_frames_pass_decode_tshark_and_scapy() {
     {
         let _one_at_a_time = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
         let topo = Topology::up(&TopologyConfig::default()).unwrap();
-        let (ca, cb) = open_hosts(&topo, Backend::AfXdp, Some(pcap.clone()), None);
+        let (ca, cb) = open_hosts(&topo, [Backend::AfXdp; 2], Some(pcap.clone()), None);
         let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
         let access = ConnectOptions::default().access;
         let ma = pa.reg_mr(BUF, access).unwrap();

@@ -22,7 +22,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use crate::frame::ROCE_V2_PORT;
-use crate::sys;
+use crate::{offload, sys};
 use crate::{NicError, PacketIo, RxSink, Stats, TxFill};
 use if_xdp::{XdpDesc, XDP_PKT_CONTD};
 use socket::{map_slice, Xsk};
@@ -284,7 +284,7 @@ impl PacketIo for AfXdpIo {
                 let contd = d.options & XDP_PKT_CONTD != 0;
                 // Borrow the UMEM field alone so `partial` stays writable.
                 match map_slice(&x.umem, addr, d.len as usize) {
-                    Some(data) if !contd && !x.in_frame => {
+                    Some(data) if !contd && !x.in_frame && !offload::looks_partial(data) => {
                         sink(data);
                         self.stats.rx_frames += 1;
                         self.stats.rx_bytes += data.len() as u64;
@@ -292,13 +292,19 @@ impl PacketIo for AfXdpIo {
                         counted += 1;
                     }
                     Some(data) => {
-                        // Multi-buffer frame: gather the pieces (one copy).
+                        // Multi-buffer frame, or one whose checksum needs finishing:
+                        // gather the pieces (one copy).
                         if !x.in_frame {
                             x.partial.clear();
                         }
                         x.partial.extend_from_slice(data);
                         x.in_frame = contd;
                         if !contd {
+                            // AF_XDP gives no checksum status: a local UDP socket's frame
+                            // over veth still holds the partial form (see csum).
+                            if offload::looks_partial(&x.partial) {
+                                offload::complete(&mut x.partial);
+                            }
                             sink(&x.partial);
                             counted += 1;
                             self.stats.rx_frames += 1;

@@ -1,0 +1,314 @@
+//! Finishing what a local UDP sender left to a NIC that veth does not have.
+//!
+//! A local UDP socket's datagrams (our UDP backend, or rxe's kernel socket)
+//! cross a veth pair as the kernel built them for offload, and a raw receiver
+//! (AF_PACKET, AF_XDP) sees them that way:
+//! - with CHECKSUM_PARTIAL: the checksum field holds only the folded
+//!   pseudo-header sum, so a stack that checks UDP checksums, like ours or a
+//!   peer's, would drop every such frame. AF_PACKET flags those frames
+//!   (TP_STATUS_CSUMNOTREADY); AF_XDP says nothing, so [`looks_partial`]
+//!   recognises the form itself. [`complete`] finishes it.
+//! - with UDP GSO (UDP_SEGMENT): one frame carries many datagrams back to back,
+//!   never cut into wire frames. AF_PACKET reports the segment size in the
+//!   virtio-net header (PACKET_VNET_HDR) and [`segment_udp`] cuts it as the
+//!   kernel's software GSO would. (veth with an XDP program attached turns its
+//!   peer's GSO off, so AF_XDP receives wire frames.)
+
+/// Where a frame's UDP datagram lies and its pseudo-header sum (RFC 768).
+struct Udp {
+    ip_at: usize,
+    v6: bool,
+    at: usize,
+    len: usize,
+    pseudo: u64,
+}
+
+fn be16(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
+}
+
+/// Adds big-endian 16-bit words (odd tail padded with zero) to `sum`.
+fn add_words(mut sum: u64, b: &[u8]) -> u64 {
+    let mut words = b.chunks_exact(2);
+    for w in &mut words {
+        sum += u64::from(u16::from_be_bytes([w[0], w[1]]));
+    }
+    if let [last] = words.remainder() {
+        sum += u64::from(*last) << 8;
+    }
+    sum
+}
+
+fn fold(mut sum: u64) -> u16 {
+    while sum > 0xFFFF {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    sum as u16
+}
+
+/// Finds the UDP datagram of an Ethernet (optionally one VLAN tag) IPv4 or
+/// IPv6 frame; None for anything else or anything truncated.
+fn locate(f: &[u8]) -> Option<Udp> {
+    let mut ip_at = 14;
+    let mut ethertype = be16(f, 12)?;
+    if ethertype == 0x8100 || ethertype == 0x88A8 {
+        ethertype = be16(f, 16)?;
+        ip_at = 18;
+    }
+    let (at, src_dst) = match ethertype {
+        0x0800 => {
+            let ihl = usize::from(f.get(ip_at)? & 0x0F) * 4;
+            // Not UDP, or a fragment (its checksum spans other frames).
+            if *f.get(ip_at + 9)? != 17 || be16(f, ip_at + 6)? & 0x3FFF != 0 || ihl < 20 {
+                return None;
+            }
+            (ip_at + ihl, f.get(ip_at + 12..ip_at + 20)?)
+        }
+        // No extension headers: RoCE v2 frames carry none.
+        0x86DD if *f.get(ip_at + 6)? == 17 => (ip_at + 40, f.get(ip_at + 8..ip_at + 40)?),
+        _ => return None,
+    };
+    let len = usize::from(be16(f, at + 4)?);
+    if len < 8 || at + len > f.len() {
+        return None;
+    }
+    let pseudo = add_words(0, src_dst) + 17 + len as u64;
+    Some(Udp {
+        ip_at,
+        v6: ethertype == 0x86DD,
+        at,
+        len,
+        pseudo,
+    })
+}
+
+/// True when the frame's UDP checksum field holds the kernel's partial form
+/// (the folded pseudo-header sum) and the datagram does not already verify
+/// with it: such a frame needs [`complete`]. Cheap for anything else (a
+/// zero field, as rxe and ferroce send over IPv4, costs a header parse).
+pub fn looks_partial(f: &[u8]) -> bool {
+    let Some(u) = locate(f) else { return false };
+    let Some(field) = be16(f, u.at + 6) else {
+        return false;
+    };
+    if field == 0 || field != fold(u.pseudo) {
+        return false;
+    }
+    // A full checksum that happens to equal the pseudo sum (1 in 65 536) verifies as it is.
+    let whole = f
+        .get(u.at..u.at + u.len)
+        .map_or(0, |d| add_words(u.pseudo, d));
+    fold(whole) != 0xFFFF
+}
+
+/// Finishes a partial UDP checksum in place, as skb_checksum_help would: the
+/// one's complement sum of the datagram with the field as it is (which already
+/// holds the pseudo-header sum), complemented; 0 is sent as 0xFFFF (RFC 768).
+/// Returns false (frame untouched) when the frame is not UDP over IP.
+pub fn complete(f: &mut [u8]) -> bool {
+    let Some(u) = locate(f) else { return false };
+    let Some(d) = f.get(u.at..u.at + u.len) else {
+        return false;
+    };
+    let c = match !fold(add_words(0, d)) {
+        0 => 0xFFFF,
+        c => c,
+    };
+    match f.get_mut(u.at + 6..u.at + 8) {
+        Some(field) => {
+            field.copy_from_slice(&c.to_be_bytes());
+            true
+        }
+        None => false,
+    }
+}
+
+/// The finished UDP checksum of `datagram` (its checksum field zeroed), given
+/// the sum of the pseudo-header's addresses.
+fn finished(pseudo_addrs: u64, datagram: &[u8]) -> u16 {
+    let sum = add_words(pseudo_addrs + 17 + datagram.len() as u64, datagram);
+    match !fold(sum) {
+        0 => 0xFFFF,
+        c => c,
+    }
+}
+
+/// Cuts a UDP GSO super-frame (`gso_size`-byte datagrams back to back behind
+/// one set of headers) into the frames the kernel's software GSO would have
+/// sent: each with its IP length, UDP length, a consecutive IPv4 ID (the
+/// kernel numbers GSO segments that way, and the RoCE ICRC covers the ID), the
+/// IPv4 header checksum and, unless the super-frame had none (0 over IPv4), a
+/// finished UDP checksum. `emit` gets each frame, built in `out`. Returns how
+/// many, or None (nothing emitted) when the frame is not UDP over IP.
+pub fn segment_udp(
+    f: &[u8],
+    gso_size: usize,
+    out: &mut Vec<u8>,
+    emit: &mut dyn FnMut(&[u8]),
+) -> Option<usize> {
+    let u = locate(f)?;
+    let hdr = f.get(..u.at + 8)?;
+    let payload = f.get(u.at + 8..u.at + u.len)?;
+    if gso_size == 0 {
+        return None;
+    }
+    let checksummed = u.v6 || be16(f, u.at + 6)? != 0;
+    let addrs = u.pseudo - 17 - u.len as u64;
+    let ihl = u.at - u.ip_at;
+    let first_id = be16(f, u.ip_at + 4)?;
+    let mut n = 0;
+    for (i, chunk) in payload.chunks(gso_size).enumerate() {
+        out.clear();
+        out.extend_from_slice(hdr);
+        out.extend_from_slice(chunk);
+        let ulen = (8 + chunk.len()) as u16;
+        let ip = u.ip_at;
+        if u.v6 {
+            out[ip + 4..ip + 6].copy_from_slice(&ulen.to_be_bytes());
+        } else {
+            let total = (ihl + 8 + chunk.len()) as u16;
+            out[ip + 2..ip + 4].copy_from_slice(&total.to_be_bytes());
+            let id = first_id.wrapping_add(i as u16);
+            out[ip + 4..ip + 6].copy_from_slice(&id.to_be_bytes());
+            out[ip + 10..ip + 12].copy_from_slice(&[0, 0]);
+            let c = crate::frame::ipv4_checksum(&out[ip..ip + ihl]);
+            out[ip + 10..ip + 12].copy_from_slice(&c.to_be_bytes());
+        }
+        out[u.at + 4..u.at + 6].copy_from_slice(&ulen.to_be_bytes());
+        if checksummed {
+            out[u.at + 6..u.at + 8].copy_from_slice(&[0, 0]);
+            let c = finished(addrs, &out[u.at..]);
+            out[u.at + 6..u.at + 8].copy_from_slice(&c.to_be_bytes());
+        }
+        emit(out);
+        n += 1;
+    }
+    Some(n)
+}
+
+/// True when the frame's UDP checksum verifies (or is 0 over IPv4, "none").
+pub fn udp_checksum_ok(f: &[u8]) -> bool {
+    let Some(u) = locate(f) else { return false };
+    let Some(field) = be16(f, u.at + 6) else {
+        return false;
+    };
+    let v4 = f.get(12..14) == Some(&[0x08, 0x00]) || f.get(16..18) == Some(&[0x08, 0x00]);
+    if field == 0 && v4 {
+        return true;
+    }
+    f.get(u.at..u.at + u.len)
+        .is_some_and(|d| fold(add_words(u.pseudo, d)) == 0xFFFF)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{build_udp_frame, HeaderSpec};
+
+    fn frame(v6: bool, len: usize, vlan: bool) -> Vec<u8> {
+        let (s, d) = if v6 {
+            ("[fd00::1]:4791", "[fd00::2]:4791")
+        } else {
+            ("198.18.0.1:4791", "198.18.0.2:4791")
+        };
+        let spec = HeaderSpec {
+            dst_mac: [2, 0, 0, 0, 0, 2],
+            src_mac: [2, 0, 0, 0, 0, 1],
+            src: s.parse().unwrap(),
+            dst: d.parse().unwrap(),
+            tos: 0,
+            ttl: 64,
+        };
+        let payload: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+        let mut f = build_udp_frame(&spec, &payload).unwrap();
+        if vlan {
+            f.splice(12..12, [0x81, 0x00, 0x00, 0x05]);
+        }
+        f
+    }
+
+    /// Puts the kernel's partial form in the field: the folded pseudo sum.
+    fn make_partial(f: &mut [u8]) -> usize {
+        let u = locate(f).unwrap();
+        let p = fold(u.pseudo);
+        f[u.at + 6..u.at + 8].copy_from_slice(&p.to_be_bytes());
+        u.at
+    }
+
+    #[test]
+    fn completing_a_partial_checksum_gives_the_full_one() {
+        for v6 in [false, true] {
+            for vlan in [false, true] {
+                for len in [0, 1, 13, 1500, 4113, 8900] {
+                    let mut f = frame(v6, len, vlan);
+                    let at = make_partial(&mut f);
+                    assert!(looks_partial(&f), "v6={v6} vlan={vlan} len={len}");
+                    assert!(complete(&mut f));
+                    assert!(udp_checksum_ok(&f), "v6={v6} vlan={vlan} len={len}");
+                    assert!(!looks_partial(&f));
+                    assert_ne!(&f[at + 6..at + 8], &[0, 0]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_gso_super_frame_is_cut_as_the_kernel_would() {
+        for v6 in [false, true] {
+            for vlan in [false, true] {
+                for (total, gso) in [
+                    (4112 * 3 + 100, 4112),
+                    (4112 * 2, 4112),
+                    (50, 4112),
+                    (0, 1000),
+                ] {
+                    let mut f = frame(v6, total, vlan);
+                    let ip = if vlan { 18 } else { 14 };
+                    if !v6 {
+                        f[ip + 4..ip + 6].copy_from_slice(&0xFFFEu16.to_be_bytes());
+                    }
+                    make_partial(&mut f);
+                    let payload = f[f.len() - total..].to_vec();
+                    let mut out = Vec::new();
+                    let mut segs: Vec<Vec<u8>> = Vec::new();
+                    let n = segment_udp(&f, gso, &mut out, &mut |s| segs.push(s.to_vec()));
+                    let want: Vec<&[u8]> = payload.chunks(gso).collect();
+                    assert_eq!(n, Some(want.len()), "v6={v6} total={total}");
+                    for (i, (s, chunk)) in segs.iter().zip(&want).enumerate() {
+                        let u = locate(s).expect("a segment parses");
+                        assert_eq!(&s[u.at + 8..], *chunk);
+                        assert_eq!(u.len, 8 + chunk.len());
+                        assert!(udp_checksum_ok(s), "segment {i} UDP checksum");
+                        if !v6 {
+                            assert_eq!(crate::frame::ipv4_checksum(&s[ip..ip + 20]), 0);
+                            let id = u16::from_be_bytes([s[ip + 4], s[ip + 5]]);
+                            assert_eq!(id, 0xFFFEu16.wrapping_add(i as u16));
+                        }
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        assert_eq!(segment_udp(&[0u8; 30], 100, &mut out, &mut |_| {}), None);
+    }
+
+    #[test]
+    fn zero_and_garbage_are_left_alone() {
+        let mut f = frame(false, 100, false);
+        let at = locate(&f).unwrap().at;
+        f[at + 6..at + 8].copy_from_slice(&[0, 0]);
+        assert!(!looks_partial(&f));
+        assert!(udp_checksum_ok(&f));
+        f[at + 6] ^= 0x55;
+        assert!(!looks_partial(&f), "a wrong checksum is not a partial one");
+        assert!(!udp_checksum_ok(&f));
+        for cut in 0..f.len() {
+            assert!(!looks_partial(&f[..cut]));
+            let mut g = f[..cut].to_vec();
+            let _ = complete(&mut g);
+        }
+        // A UDP length beyond the frame.
+        f[at + 4..at + 6].copy_from_slice(&0xFFFFu16.to_be_bytes());
+        assert!(!complete(&mut f.clone()));
+    }
+}
