@@ -24,6 +24,42 @@ const LRH_STANDIN_CRC: u32 = !0xdebb_20e3;
 /// ICRC length in bytes.
 pub const ICRC_LEN: usize = 4;
 
+/// The variant fields, as (offset from the IP header, bits set to one).
+/// IPv4: DSCP + ECN, TTL, header checksum; IPv6: traffic class and flow
+/// label (the version nibble stays), hop limit; then the UDP checksum and
+/// the BTH's FECN/BECN/reserved byte.
+const V4_VARIANT: [(usize, u8); 7] = [
+    (1, 0xff),
+    (8, 0xff),
+    (10, 0xff),
+    (11, 0xff),
+    (20 + 6, 0xff),
+    (20 + 7, 0xff),
+    (20 + UDP_LEN + bth::ECN_BYTE, 0xff),
+];
+const V6_VARIANT: [(usize, u8); 8] = [
+    (0, 0x0f),
+    (1, 0xff),
+    (2, 0xff),
+    (3, 0xff),
+    (7, 0xff),
+    (40 + 6, 0xff),
+    (40 + 7, 0xff),
+    (40 + UDP_LEN + bth::ECN_BYTE, 0xff),
+];
+
+fn variant(ipv6: bool) -> &'static [(usize, u8)] {
+    if ipv6 {
+        &V6_VARIANT
+    } else {
+        &V4_VARIANT
+    }
+}
+
+fn masked_len(ipv6: bool) -> usize {
+    (if ipv6 { 40 } else { 20 }) + UDP_LEN + bth::HEADER_LEN
+}
+
 /// Compute the ICRC of a RoCE v2 packet.
 ///
 /// `l3` starts at the IP header and ends just before the ICRC (it holds the
@@ -31,31 +67,62 @@ pub const ICRC_LEN: usize = 4;
 /// selects the header layout. Returns `None` if `l3` is too short to hold the
 /// IP and UDP headers and a BTH.
 pub fn compute(l3: &[u8], ipv6: bool) -> Option<u32> {
-    let ip_len = if ipv6 { 40 } else { 20 };
-    let masked_len = ip_len + UDP_LEN + bth::HEADER_LEN;
+    let masked_len = masked_len(ipv6);
     let (head, rest) = (l3.get(..masked_len)?, l3.get(masked_len..)?);
 
     let mut buf = [0u8; MAX_MASKED];
     let masked = &mut buf[..masked_len];
     masked.copy_from_slice(head);
-    if ipv6 {
-        // Version nibble stays; traffic class and flow label become ones.
-        masked[0] |= 0x0f;
-        masked[1..4].fill(0xff);
-        masked[7] = 0xff; // hop limit
-    } else {
-        masked[1] = 0xff; // DSCP + ECN
-        masked[8] = 0xff; // TTL
-        masked[10..12].fill(0xff); // header checksum
+    for &(at, ones) in variant(ipv6) {
+        masked[at] |= ones;
     }
-    let udp = ip_len;
-    masked[udp + 6..udp + 8].fill(0xff); // UDP checksum
-    masked[udp + UDP_LEN + bth::ECN_BYTE] = 0xff; // FECN, BECN, reserved
-
     let mut h = crc32fast::Hasher::new_with_initial(LRH_STANDIN_CRC);
     h.update(&buf[..masked_len]);
     h.update(rest);
     Some(h.finalize())
+}
+
+/// The variant fields' bytes of a packet being built, kept by
+/// [`mask_in_place`] while the packet carries ones there.
+#[derive(Debug, Clone, Copy)]
+pub struct Variant {
+    ipv6: bool,
+    bytes: [u8; 8],
+}
+
+/// For a sender: set the variant fields of the headers in `l3` to ones,
+/// returning what they held, so that once the payload is in place
+/// [`compute_masked`] hashes the packet in one pass with no copy of its
+/// headers; [`unmask`] then puts the fields back. Done before the payload
+/// is written, these byte stores have reached the cache by the time the
+/// CRC's wide loads read them. `None` if `l3` cannot hold the headers.
+pub fn mask_in_place(l3: &mut [u8], ipv6: bool) -> Option<Variant> {
+    let head = l3.get_mut(..masked_len(ipv6))?;
+    let mut v = Variant {
+        ipv6,
+        bytes: [0; 8],
+    };
+    for (saved, &(at, ones)) in v.bytes.iter_mut().zip(variant(ipv6)) {
+        *saved = head[at];
+        head[at] |= ones;
+    }
+    Some(v)
+}
+
+/// The ICRC of `l3` (as [`compute`]) whose variant fields [`mask_in_place`] already set to ones.
+pub fn compute_masked(l3: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new_with_initial(LRH_STANDIN_CRC);
+    h.update(l3);
+    h.finalize()
+}
+
+/// Put back the fields [`mask_in_place`] set to ones.
+pub fn unmask(l3: &mut [u8], v: Variant) {
+    if let Some(head) = l3.get_mut(..masked_len(v.ipv6)) {
+        for (saved, &(at, _)) in v.bytes.iter().zip(variant(v.ipv6)) {
+            head[at] = *saved;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -133,6 +200,23 @@ c00112b700280000\
         h.update(&[0xff; 8]);
         assert_eq!(!h.clone().finalize(), 0xdebb_20e3);
         assert_eq!(h.finalize(), LRH_STANDIN_CRC);
+    }
+
+    #[test]
+    fn in_place_masking_agrees_and_restores() {
+        let v4 = unhex(RXE_SEND_ONLY_V4);
+        let mut v6 = vec![0x6au8; 40];
+        v6.extend_from_slice(&v4[20..]);
+        for (l3, ipv6) in [(v4, false), (v6, true)] {
+            let want = compute(&l3, ipv6).unwrap();
+            let mut m = l3.clone();
+            let saved = mask_in_place(&mut m, ipv6).unwrap();
+            assert_ne!(m, l3);
+            assert_eq!(compute_masked(&m), want, "ipv6 {ipv6}");
+            unmask(&mut m, saved);
+            assert_eq!(m, l3, "ipv6 {ipv6}");
+        }
+        assert!(mask_in_place(&mut [0u8; 39], false).is_none());
     }
 
     #[test]
