@@ -82,6 +82,51 @@ pub fn compute(l3: &[u8], ipv6: bool) -> Option<u32> {
     Some(h.finalize())
 }
 
+/// Bytes of an IPv4 packet up to and including the last variant field
+/// (the BTH's FECN/BECN byte): IP and UDP headers and the BTH's opcode,
+/// flags and P_Key, the same in every data packet of one flow.
+const V4_PREFIX: usize = 20 + UDP_LEN + bth::ECN_BYTE + 1;
+
+/// A receiver's memory of the last IPv4 packet's first [`V4_PREFIX`] bytes
+/// and the CRC state after them, so a run of packets of one flow (a long
+/// WRITE, a stream of SENDs) hashes only what follows: one CRC call per
+/// packet instead of a masked header copy plus two. The state is a
+/// function of those bytes alone and they are compared whole, so a packet
+/// that differs anywhere in them (another flow, a corrupted header, a
+/// changing IP ID) just recomputes it.
+#[derive(Debug, Clone, Default)]
+pub struct PrefixCache {
+    /// The prefix but its last byte (FECN/BECN: all ones in the hash
+    /// whatever it holds), and the CRC state after the masked prefix.
+    prefix: Option<([u8; V4_PREFIX - 1], u32)>,
+}
+
+/// [`compute`], reusing `cache` for the headers when they match the last packet's.
+pub fn compute_cached(l3: &[u8], ipv6: bool, cache: &mut PrefixCache) -> Option<u32> {
+    if ipv6 || l3.len() < masked_len(false) {
+        return compute(l3, ipv6);
+    }
+    let (head, rest) = l3.split_first_chunk::<V4_PREFIX>()?;
+    let key = head.first_chunk::<{ V4_PREFIX - 1 }>()?;
+    let state = match cache.prefix {
+        Some((p, state)) if p == *key => state,
+        _ => {
+            let mut masked = *head;
+            for &(at, ones) in &V4_VARIANT {
+                masked[at] |= ones;
+            }
+            let mut h = crc32fast::Hasher::new_with_initial(LRH_STANDIN_CRC);
+            h.update(&masked);
+            let state = h.finalize();
+            cache.prefix = Some((*key, state));
+            state
+        }
+    };
+    let mut h = crc32fast::Hasher::new_with_initial(state);
+    h.update(rest);
+    Some(h.finalize())
+}
+
 /// The variant fields' bytes of a packet being built, kept by
 /// [`mask_in_place`] while the packet carries ones there.
 #[derive(Debug, Clone, Copy)]
@@ -96,20 +141,50 @@ pub struct Variant {
 /// headers; [`unmask`] then puts the fields back. Done before the payload
 /// is written, these byte stores have reached the cache by the time the
 /// CRC's wide loads read them. `None` if `l3` cannot hold the headers.
+#[inline]
 pub fn mask_in_place(l3: &mut [u8], ipv6: bool) -> Option<Variant> {
-    let head = l3.get_mut(..masked_len(ipv6))?;
     let mut v = Variant {
         ipv6,
         bytes: [0; 8],
     };
-    for (saved, &(at, ones)) in v.bytes.iter_mut().zip(variant(ipv6)) {
-        *saved = head[at];
-        head[at] |= ones;
+    // Arrays of known length and offsets: the loops unroll to plain byte
+    // moves with no bounds checks.
+    if ipv6 {
+        mask::<V6_MASKED, 8>(l3.first_chunk_mut()?, &V6_VARIANT, &mut v.bytes);
+    } else {
+        mask::<V4_MASKED, 7>(l3.first_chunk_mut()?, &V4_VARIANT, &mut v.bytes);
     }
     Some(v)
 }
 
+const V4_MASKED: usize = 20 + UDP_LEN + bth::HEADER_LEN;
+const V6_MASKED: usize = 40 + UDP_LEN + bth::HEADER_LEN;
+
+#[inline(always)]
+fn mask<const L: usize, const N: usize>(
+    head: &mut [u8; L],
+    fields: &[(usize, u8); N],
+    saved: &mut [u8; 8],
+) {
+    for (s, &(at, ones)) in saved.iter_mut().zip(fields) {
+        *s = head[at];
+        head[at] |= ones;
+    }
+}
+
+#[inline(always)]
+fn restore<const L: usize, const N: usize>(
+    head: &mut [u8; L],
+    fields: &[(usize, u8); N],
+    saved: &[u8; 8],
+) {
+    for (s, &(at, _)) in saved.iter().zip(fields) {
+        head[at] = *s;
+    }
+}
+
 /// The ICRC of `l3` (as [`compute`]) whose variant fields [`mask_in_place`] already set to ones.
+#[inline]
 pub fn compute_masked(l3: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new_with_initial(LRH_STANDIN_CRC);
     h.update(l3);
@@ -117,11 +192,14 @@ pub fn compute_masked(l3: &[u8]) -> u32 {
 }
 
 /// Put back the fields [`mask_in_place`] set to ones.
+#[inline]
 pub fn unmask(l3: &mut [u8], v: Variant) {
-    if let Some(head) = l3.get_mut(..masked_len(v.ipv6)) {
-        for (saved, &(at, _)) in v.bytes.iter().zip(variant(v.ipv6)) {
-            head[at] = *saved;
+    if v.ipv6 {
+        if let Some(head) = l3.first_chunk_mut() {
+            restore::<V6_MASKED, 8>(head, &V6_VARIANT, &v.bytes);
         }
+    } else if let Some(head) = l3.first_chunk_mut() {
+        restore::<V4_MASKED, 7>(head, &V4_VARIANT, &v.bytes);
     }
 }
 
@@ -217,6 +295,30 @@ c00112b700280000\
             assert_eq!(m, l3, "ipv6 {ipv6}");
         }
         assert!(mask_in_place(&mut [0u8; 39], false).is_none());
+    }
+
+    #[test]
+    fn cached_prefix_agrees_whatever_comes() {
+        let base = unhex(RXE_SEND_ONLY_V4);
+        let mut cache = PrefixCache::default();
+        let mut r = crate::wire::sample::SplitMix::new(3);
+        for i in 0..2000 {
+            let mut l3 = base.clone();
+            // Mostly the same flow with new PSNs and payload; sometimes a
+            // changed header byte, sometimes another length.
+            r.fill(&mut l3[36..]);
+            if i % 7 == 0 {
+                let at = (r.next_u32() as usize) % 40;
+                l3[at] ^= 1 << (r.next_u32() % 8);
+            }
+            if i % 11 == 0 {
+                l3.truncate(40 + (r.next_u32() as usize) % 20);
+            }
+            assert_eq!(compute_cached(&l3, false, &mut cache), compute(&l3, false), "round {i}");
+        }
+        let v6 = [0x60u8; 64];
+        assert_eq!(compute_cached(&v6, true, &mut cache), compute(&v6, true));
+        assert_eq!(compute_cached(&base[..39], false, &mut cache), None);
     }
 
     #[test]
