@@ -38,6 +38,8 @@ struct Duo {
     rkey: [u32; 2],
     buf: Vec<u8>,
     wcs: Vec<WorkCompletion>,
+    /// Where each core's region lies, for the alignment line of the report.
+    mr_addr: [usize; 2],
 }
 
 impl Duo {
@@ -47,17 +49,15 @@ impl Duo {
         let mut cq = [CqHandle(0); 2];
         let mut lkey = [0; 2];
         let mut rkey = [0; 2];
+        let mut mr_addr = [0; 2];
         for i in 0..2 {
             let c = &mut net.cores[i];
             let pd = c.alloc_pd();
             cq[i] = c.create_cq(4 * BATCH as u32).unwrap();
+            let region = VecRegion::zeroed(2 * MIB);
+            mr_addr[i] = region.0.as_ptr() as usize;
             let (l, r) = c
-                .reg_mr(
-                    pd,
-                    0x1000,
-                    AccessFlags::ALL,
-                    Box::new(VecRegion::zeroed(2 * MIB)),
-                )
+                .reg_mr(pd, 0x1000, AccessFlags::ALL, Box::new(region))
                 .unwrap();
             lkey[i] = l;
             rkey[i] = r;
@@ -90,6 +90,7 @@ impl Duo {
             rkey,
             buf: vec![0; MAX_FRAME_LEN],
             wcs: vec![dummy_wc(); 4 * BATCH],
+            mr_addr,
         }
     }
 
@@ -305,12 +306,28 @@ fn best_of(rounds: usize, fs: &mut [(usize, &mut dyn FnMut())]) -> Vec<f64> {
     best
 }
 
+/// How far past its source (modulo a page) each payload copy writes: the
+/// memcpy cliff of `copy_bytes` is 1-127.
+fn ahead(dst: usize, src: usize) -> usize {
+    dst.wrapping_sub(src) % 4096
+}
+
 fn ratio_report() {
     let mut duo_w = Duo::new();
     let mut duo_s = Duo::new();
     let mut m = Memcpy::new();
     let mut f = Floor::new();
     let mut g = Floor::new();
+    // A WRITE_MIDDLE's payload sits 54 bytes into the frame; region offsets are page multiples.
+    let frame_payload = duo_w.buf.as_ptr() as usize + 54;
+    let floor_payload = f.frame.as_ptr() as usize + f.payload_at;
+    let align = format!(
+        "  copy dst-src mod 4096: WRITE gather {} scatter {}, floor gather {} scatter {}",
+        ahead(frame_payload, duo_w.mr_addr[0]),
+        ahead(duo_w.mr_addr[1], frame_payload),
+        ahead(floor_payload, f.src.0.as_ptr() as usize),
+        ahead(f.dst.0.as_ptr() as usize, floor_payload),
+    );
     let mut write = || write_once(&mut duo_w);
     let mut send = || {
         black_box(send_batch(&mut duo_s));
@@ -360,6 +377,7 @@ fn ratio_report() {
         "  ICRC 4 KiB frame {icrc4k:.1} ns, copy 4 KiB {copy4k:.1} ns (in cache), memcpy 4 KiB share {:.1} ns",
         memcpy / 256.0
     );
+    println!("{align}");
     println!(
         "  64 B SEND               {:8.2} M msg/s (target >= 3)",
         BATCH as f64 / send * 1e3

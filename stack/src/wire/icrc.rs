@@ -314,7 +314,11 @@ c00112b700280000\
             if i % 11 == 0 {
                 l3.truncate(40 + (r.next_u32() as usize) % 20);
             }
-            assert_eq!(compute_cached(&l3, false, &mut cache), compute(&l3, false), "round {i}");
+            assert_eq!(
+                compute_cached(&l3, false, &mut cache),
+                compute(&l3, false),
+                "round {i}"
+            );
         }
         let v6 = [0x60u8; 64];
         assert_eq!(compute_cached(&v6, true, &mut cache), compute(&v6, true));

@@ -860,9 +860,15 @@ mod tests {
             h[10..12].fill(0);
             assert_eq!(!ones_sum(&h), want);
             h[10..12].copy_from_slice(&want.to_be_bytes());
-            assert_eq!(ones_sum(&h) == !0, Ipv4Packet::new_unchecked(&h[..]).verify_checksum());
+            assert_eq!(
+                ones_sum(&h) == !0,
+                Ipv4Packet::new_unchecked(&h[..]).verify_checksum()
+            );
             h[3] ^= 0x10;
-            assert_eq!(ones_sum(&h) == !0, Ipv4Packet::new_unchecked(&h[..]).verify_checksum());
+            assert_eq!(
+                ones_sum(&h) == !0,
+                Ipv4Packet::new_unchecked(&h[..]).verify_checksum()
+            );
         }
     }
 }
