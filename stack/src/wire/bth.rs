@@ -162,7 +162,9 @@ pub struct Repr {
 
 impl Repr {
     /// Parse a BTH; rejects a transport version other than 0 (IBTA C9-? : TVer must be 0).
-    #[inline]
+    /// Always inlined: returned through memory, its fields written one by one
+    /// and read back whole stalled every receive (store-to-load forwarding).
+    #[inline(always)]
     pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Repr> {
         p.check_len()?;
         if p.tver() != 0 {
