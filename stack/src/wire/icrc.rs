@@ -12,6 +12,8 @@
 //! The masked headers are copied into one small stack buffer (at most 68
 //! bytes); the payload is hashed where it lies, so the frame is never copied.
 
+use std::sync::OnceLock;
+
 use super::bth;
 
 const UDP_LEN: usize = 8;
@@ -76,7 +78,7 @@ pub fn compute(l3: &[u8], ipv6: bool) -> Option<u32> {
     for &(at, ones) in variant(ipv6) {
         masked[at] |= ones;
     }
-    let mut h = crc32fast::Hasher::new_with_initial(LRH_STANDIN_CRC);
+    let mut h = lrh_hasher();
     h.update(&buf[..masked_len]);
     h.update(rest);
     Some(h.finalize())
@@ -94,11 +96,28 @@ const V4_PREFIX: usize = 20 + UDP_LEN + bth::ECN_BYTE + 1;
 /// function of those bytes alone and they are compared whole, so a packet
 /// that differs anywhere in them (another flow, a corrupted header, a
 /// changing IP ID) just recomputes it.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct PrefixCache {
     /// The prefix but its last byte (FECN/BECN: all ones in the hash
-    /// whatever it holds), and the CRC state after the masked prefix.
-    prefix: Option<([u8; V4_PREFIX - 1], u32)>,
+    /// whatever it holds), and the hasher that has taken the masked prefix
+    /// (cloned per packet: a new hasher would test the CPU's features again).
+    prefix: Option<([u8; V4_PREFIX - 1], crc32fast::Hasher)>,
+}
+
+impl core::fmt::Debug for PrefixCache {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("PrefixCache")
+            .field("cached", &self.prefix.is_some())
+            .finish()
+    }
+}
+
+/// A hasher that has taken the LRH stand-in, made once: `Hasher::new`
+/// checks the CPU's features on every call (half a dozen branches), a clone does not.
+fn lrh_hasher() -> crc32fast::Hasher {
+    static H: OnceLock<crc32fast::Hasher> = OnceLock::new();
+    H.get_or_init(|| crc32fast::Hasher::new_with_initial(LRH_STANDIN_CRC))
+        .clone()
 }
 
 /// [`compute`], reusing `cache` for the headers when they match the last packet's.
@@ -108,21 +127,19 @@ pub fn compute_cached(l3: &[u8], ipv6: bool, cache: &mut PrefixCache) -> Option<
     }
     let (head, rest) = l3.split_first_chunk::<V4_PREFIX>()?;
     let key = head.first_chunk::<{ V4_PREFIX - 1 }>()?;
-    let state = match cache.prefix {
-        Some((p, state)) if p == *key => state,
+    let mut h = match &cache.prefix {
+        Some((p, h)) if p == key => h.clone(),
         _ => {
             let mut masked = *head;
             for &(at, ones) in &V4_VARIANT {
                 masked[at] |= ones;
             }
-            let mut h = crc32fast::Hasher::new_with_initial(LRH_STANDIN_CRC);
+            let mut h = lrh_hasher();
             h.update(&masked);
-            let state = h.finalize();
-            cache.prefix = Some((*key, state));
-            state
+            cache.prefix = Some((*key, h.clone()));
+            h
         }
     };
-    let mut h = crc32fast::Hasher::new_with_initial(state);
     h.update(rest);
     Some(h.finalize())
 }
@@ -186,7 +203,7 @@ fn restore<const L: usize, const N: usize>(
 /// The ICRC of `l3` (as [`compute`]) whose variant fields [`mask_in_place`] already set to ones.
 #[inline]
 pub fn compute_masked(l3: &[u8]) -> u32 {
-    let mut h = crc32fast::Hasher::new_with_initial(LRH_STANDIN_CRC);
+    let mut h = lrh_hasher();
     h.update(l3);
     h.finalize()
 }
