@@ -15,6 +15,19 @@
 //! figures as ratios (a short round often runs unpreempted on a shared
 //! machine, so the minimum is the undisturbed cost).
 //!
+//! Why WRITE >= 0.4x memcpy (issue 3) is out of reach here, from one report
+//! (2-vCPU AMD EPYC VM, load 4-5, best of 200 rounds): memcpy of 1 MiB
+//! 23-25 us, i.e. 90-97 ns per 4 KiB. One CRC pass over a 4 KiB packet
+//! (crc32fast, 16 AVX-512 VPCLMULQDQ streams) 95-102 ns: as slow as copying
+//! it, a quarter of that the per-call fold-down and reduction. The two
+//! copies (region -> frame, frame -> region) together 105-125 ns: one
+//! streaming read and one streaming write, a memcpy's traffic. So the floor
+//! is 2 CRC passes + 2 copies = 310-320 ns per packet, 80 us per MiB =
+//! 0.29-0.31x memcpy, while 0.4x needs at most 60 us, 235 ns per packet:
+//! less than the two CRC passes and the copies take on their own. Only a
+//! copy that computes the CRC as it goes (one pass per side) would get
+//! there, and that is hand-written SIMD, which the stack does not contain.
+//!
 //! `cargo bench -p ferroce-stack --bench transport`
 
 use std::hint::black_box;
@@ -363,7 +376,7 @@ fn ratio_report() {
         memcpy / write
     );
     println!(
-        "  primitives 1 MiB        {:8.1} us  {:.3}x memcpy (256 x [copy in, ICRC, ICRC, copy out])",
+        "  primitives 1 MiB        {:8.1} us  {:.3}x memcpy (256 x [copy in, CRC pass, CRC pass, copy out]: the floor)",
         us(prims),
         memcpy / prims
     );
@@ -374,7 +387,7 @@ fn ratio_report() {
         (write - prims) / 256.0
     );
     println!(
-        "  ICRC 4 KiB frame {icrc4k:.1} ns, copy 4 KiB {copy4k:.1} ns (in cache), memcpy 4 KiB share {:.1} ns",
+        "  one CRC pass over a 4 KiB packet {icrc4k:.1} ns, copy 4 KiB {copy4k:.1} ns (in cache), memcpy 4 KiB share {:.1} ns",
         memcpy / 256.0
     );
     println!("{align}");
