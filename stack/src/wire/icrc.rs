@@ -89,10 +89,11 @@ pub fn compute(l3: &[u8], ipv6: bool) -> Option<u32> {
 /// flags and P_Key, the same in every data packet of one flow.
 const V4_PREFIX: usize = 20 + UDP_LEN + bth::ECN_BYTE + 1;
 
-/// A receiver's memory of the last IPv4 packet's first [`V4_PREFIX`] bytes
-/// and the CRC state after them, so a run of packets of one flow (a long
-/// WRITE, a stream of SENDs) hashes only what follows: one CRC call per
-/// packet instead of a masked header copy plus two. The state is a
+/// A receiver's memory of the last IPv4 packet's first 33 bytes (IP and
+/// UDP headers, the BTH up to its FECN/BECN byte) and the CRC state after
+/// them, so a run of packets of one flow (a long WRITE, a stream of SENDs)
+/// hashes only what follows: one CRC call per packet instead of a masked
+/// header copy plus two. The state is a
 /// function of those bytes alone and they are compared whole, so a packet
 /// that differs anywhere in them (another flow, a corrupted header, a
 /// changing IP ID) just recomputes it.
