@@ -281,10 +281,18 @@ impl RecvWqe {
 }
 
 /// A fixed-capacity ring of reusable slots (send and receive queues).
+///
+/// The slot array is rounded up to a power of two (as rxe_queue.c does) so
+/// that finding a slot is a mask, not a 64-bit division: the requester,
+/// responder and completer look slots up several times per packet. The
+/// queue still holds at most the `cap` entries it was created with.
 #[derive(Debug)]
 pub(crate) struct Ring<T> {
     slots: Vec<T>,
-    /// Oldest entry, counted from zero forever (index = head % cap).
+    /// `slots.len() - 1`.
+    mask: u64,
+    cap: u64,
+    /// Oldest entry, counted from zero forever (slot = head & mask).
     pub head: u64,
     /// One past the newest entry.
     pub tail: u64,
@@ -292,14 +300,18 @@ pub(crate) struct Ring<T> {
 
 impl<T: Clone> Ring<T> {
     pub fn new(cap: usize, empty: T) -> Ring<T> {
+        let cap = cap.max(1);
+        let n = cap.next_power_of_two();
         Ring {
-            slots: vec![empty; cap.max(1)],
+            slots: vec![empty; n],
+            mask: n as u64 - 1,
+            cap: cap as u64,
             head: 0,
             tail: 0,
         }
     }
     pub fn cap(&self) -> u64 {
-        self.slots.len() as u64
+        self.cap
     }
     pub fn len(&self) -> u64 {
         self.tail - self.head
@@ -311,7 +323,7 @@ impl<T: Clone> Ring<T> {
         self.len() >= self.cap()
     }
     fn idx(&self, i: u64) -> usize {
-        (i % self.cap()) as usize
+        (i & self.mask) as usize
     }
     pub fn at(&self, i: u64) -> &T {
         &self.slots[self.idx(i)]

@@ -162,6 +162,7 @@ impl Repr {
     pub fn kind(&self) -> Syndrome {
         Syndrome::from_byte(self.syndrome)
     }
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Repr> {
         p.check_len()?;
         Ok(Repr {
@@ -172,6 +173,7 @@ impl Repr {
     pub const fn buffer_len(&self) -> usize {
         HEADER_LEN
     }
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Packet<T>) {
         p.set_syndrome(self.syndrome);
         p.set_msn(self.msn);

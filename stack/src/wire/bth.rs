@@ -162,6 +162,9 @@ pub struct Repr {
 
 impl Repr {
     /// Parse a BTH; rejects a transport version other than 0 (IBTA C9-? : TVer must be 0).
+    /// Always inlined: returned through memory, its fields written one by one
+    /// and read back whole stalled every receive (store-to-load forwarding).
+    #[inline(always)]
     pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Repr> {
         p.check_len()?;
         if p.tver() != 0 {
@@ -184,6 +187,7 @@ impl Repr {
         HEADER_LEN
     }
     /// Emit into a view whose length was checked.
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Packet<T>) {
         p.set_opcode(self.opcode);
         p.set_flags(self.solicited, self.mig_req, self.pad_count, 0);

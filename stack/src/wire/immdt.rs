@@ -44,6 +44,7 @@ pub struct Repr {
 }
 
 impl Repr {
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Repr> {
         p.check_len()?;
         Ok(Repr { imm: p.imm() })
@@ -51,6 +52,7 @@ impl Repr {
     pub const fn buffer_len(&self) -> usize {
         HEADER_LEN
     }
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Packet<T>) {
         p.set_imm(self.imm);
     }

@@ -63,6 +63,7 @@ pub struct Repr {
 }
 
 impl Repr {
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Repr> {
         p.check_len()?;
         Ok(Repr {
@@ -74,6 +75,7 @@ impl Repr {
     pub const fn buffer_len(&self) -> usize {
         HEADER_LEN
     }
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Packet<T>) {
         p.set_va(self.va);
         p.set_rkey(self.rkey);
