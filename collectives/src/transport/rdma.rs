@@ -141,6 +141,9 @@ pub struct RdmaTransport<'pd> {
     peers: Vec<Option<Peer<'pd>>>,
     cq: CompletionQueue,
     wcs: Vec<WorkCompletion>,
+    /// When the last message arrived: a responder coalescing ACKs may still
+    /// hold its ACK back (see [`RdmaTransport::drop`]).
+    last_rx: Instant,
 }
 
 fn psn_for(seed: u32, from: usize, to: usize) -> u32 {
@@ -310,6 +313,7 @@ impl RdmaEndpoint {
             peers,
             cq,
             wcs: Vec::with_capacity(64),
+            last_rx: Instant::now(),
         })
     }
 }
@@ -326,6 +330,9 @@ impl<'pd> RdmaTransport<'pd> {
     fn drain_cq(&mut self) -> Result<usize> {
         self.wcs.clear();
         let n = self.cq.poll(64, &mut self.wcs)?;
+        if n > 0 {
+            self.last_rx = Instant::now();
+        }
         let slots = self.cfg.slots;
         let chunk = self.cfg.chunk;
         for i in 0..n {
@@ -570,21 +577,26 @@ impl Transport for RdmaTransport<'_> {
 }
 
 impl Drop for RdmaTransport<'_> {
-    /// Let the last WRITEs be acknowledged before the QPs go away (bounded).
+    /// Let the last WRITEs be acknowledged before the QPs go away (bounded),
+    /// and keep the device going until any ACK this side holds back for
+    /// coalescing is out: its delay is at most an eighth of the ACK
+    /// time-out (`DeviceOptions::fit`), counted from the last arrival.
     fn drop(&mut self) {
         let deadline = Instant::now() + self.cfg.timeout.min(Duration::from_secs(2));
+        let held = ferroce_stack::transport::timers::local_ack_timeout(self.cfg.ack_timeout)
+            .map_or(Duration::ZERO, |t| t / 8);
         while Instant::now() < deadline {
             let pending = self
                 .peers
                 .iter()
                 .flatten()
                 .any(|p| p.data_posted != p.data_done || p.credit_posted != p.credit_done);
-            if !pending {
+            if !pending && self.last_rx.elapsed() > held {
                 break;
             }
             match self.drain_cq() {
                 Ok(0) => {
-                    let _ = self.cq.wait(Duration::from_millis(10));
+                    let _ = self.cq.wait(Duration::from_millis(1));
                 }
                 Ok(_) => {}
                 Err(_) => break,
