@@ -31,7 +31,12 @@ fn pair(link: LinkConfig, seed: u64, k: u32) -> Pair {
         let scq = c.create_cq(1 << 12).unwrap();
         let rcq = c.create_cq(1 << 12).unwrap();
         let (lkey, rkey) = c
-            .reg_mr(pd, IOVA, AccessFlags::ALL, Box::new(VecRegion::zeroed(1 << 20)))
+            .reg_mr(
+                pd,
+                IOVA,
+                AccessFlags::ALL,
+                Box::new(VecRegion::zeroed(1 << 20)),
+            )
             .unwrap();
         let qps = vec![c.create_qp(pd, &init_attr(QpType::Rc, scq, rcq)).unwrap()];
         nodes.push(Node {
@@ -181,7 +186,11 @@ fn sends_and_writes_all_arrive_over_a_lossy_link() {
         let wcs = p.scq(0);
         assert_eq!(wcs.len(), n as usize, "seed {seed}");
         for (i, w) in wcs.iter().enumerate() {
-            assert_eq!((w.wr_id, w.status), (i as u64, WcStatus::Success), "seed {seed}");
+            assert_eq!(
+                (w.wr_id, w.status),
+                (i as u64, WcStatus::Success),
+                "seed {seed}"
+            );
         }
         let recvs = p.rcq(1);
         assert_eq!(recvs.len(), (n as usize).div_ceil(2), "seed {seed}");
