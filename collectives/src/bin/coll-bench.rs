@@ -304,7 +304,7 @@ fn header(
         cfg.chunk,
         cfg.slots,
         cfg.spin,
-        match dev.fit(&cfg) {
+        match dev.fit(cfg) {
             DeviceOptions {
                 ack_delay: Some(d),
                 ack_coalesce: k,

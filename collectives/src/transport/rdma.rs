@@ -27,12 +27,14 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use ferroce_stack::transport::copy_bytes;
 use ferroce_verbs::{
     AccessFlags, CompletionQueue, ConnectOptions, Context, MemoryRegion, ProtectionDomain, QpType,
     QueuePair, RecvWr, RemoteQp, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use super::{RecvSpec, SendSpec, Transport};
+use super::region::SharedRegion;
+use super::{exchange_fold_whole, Fold, RecvSpec, SendSpec, Transport};
 use crate::bootstrap::Rendezvous;
 use crate::error::{Error, Result};
 
@@ -116,7 +118,10 @@ const LEN_MASK: u32 = 0x00ff_ffff;
 struct Peer<'pd> {
     qp: QueuePair<'pd>,
     send_mr: MemoryRegion<'pd>,
-    recv_mr: MemoryRegion<'pd>,
+    /// Registered (the peer's WRITEs land here); `recv` reaches the same
+    /// bytes without the device lock.
+    _recv_mr: MemoryRegion<'pd>,
+    recv: SharedRegion,
     remote_addr: u64,
     remote_rkey: u32,
     /// Receive slots free at the peer.
@@ -228,7 +233,8 @@ impl RdmaEndpoint {
                 .max_recv_wr(rq)
                 .build(&cq, &cq)?;
             let send_mr = self.pd.reg_mr(ring, access)?;
-            let recv_mr = self.pd.reg_mr(ring, access)?;
+            let recv = SharedRegion::zeroed(ring);
+            let recv_mr = self.pd.reg_mr_with(Box::new(recv.clone()), access)?;
             let opts = ConnectOptions {
                 local_psn: psn_for(cfg.seed, rank, j),
                 ..base_opts
@@ -239,12 +245,12 @@ impl RdmaEndpoint {
             e[4..8].copy_from_slice(&opts.local_psn.to_be_bytes());
             e[8..16].copy_from_slice(&recv_mr.addr().to_be_bytes());
             e[16..20].copy_from_slice(&recv_mr.rkey().to_be_bytes());
-            made.push(Some((qp, send_mr, recv_mr, opts)));
+            made.push(Some((qp, send_mr, recv_mr, recv, opts)));
         }
         let all = rv.allgather(&blob)?;
         let mut peers = Vec::with_capacity(size);
         for (j, m) in made.into_iter().enumerate() {
-            let Some((qp, send_mr, recv_mr, opts)) = m else {
+            let Some((qp, send_mr, recv_mr, recv, opts)) = m else {
                 peers.push(None);
                 continue;
             };
@@ -291,7 +297,8 @@ impl RdmaEndpoint {
             peers.push(Some(Peer {
                 qp,
                 send_mr,
-                recv_mr,
+                _recv_mr: recv_mr,
+                recv,
                 remote_addr: addr,
                 remote_rkey: rkey,
                 credits: cfg.slots,
@@ -419,6 +426,35 @@ impl Transport for RdmaTransport<'_> {
     }
 
     fn exchange(&mut self, sends: &[SendSpec<'_>], recvs: &mut [RecvSpec<'_>]) -> Result<()> {
+        self.run(sends, recvs, None)
+    }
+
+    /// Chunks are folded straight out of their receive slots as they
+    /// arrive (no temporary, and the reduction overlaps the transfer) when
+    /// the chunk size is a multiple of `align`; otherwise whole messages.
+    fn exchange_fold(
+        &mut self,
+        sends: &[SendSpec<'_>],
+        recvs: &mut [RecvSpec<'_>],
+        align: usize,
+        fold: Fold<'_>,
+    ) -> Result<()> {
+        if align == 0 || !self.cfg.chunk.is_multiple_of(align) {
+            return exchange_fold_whole(self, sends, recvs, fold);
+        }
+        self.run(sends, recvs, Some(fold))
+    }
+}
+
+impl RdmaTransport<'_> {
+    /// The exchange loop; with `fold`, receives are combined into their
+    /// buffers chunk by chunk instead of copied.
+    fn run(
+        &mut self,
+        sends: &[SendSpec<'_>],
+        recvs: &mut [RecvSpec<'_>],
+        mut fold: Option<Fold<'_>>,
+    ) -> Result<()> {
         let (chunk, slots) = (self.cfg.chunk, self.cfg.slots);
         for &(j, _) in sends.iter() {
             self.peer(j)?;
@@ -501,10 +537,12 @@ impl Transport for RdmaTransport<'_> {
                     }
                     p.arrived.pop_front();
                     let slot = (p.consumed % slots as u64) as usize;
-                    p.recv_mr.read(
-                        (slot * chunk) as u64,
-                        &mut buf[recv_off[k]..recv_off[k] + want],
-                    )?;
+                    let dst = &mut buf[recv_off[k]..recv_off[k] + want];
+                    match fold.as_mut() {
+                        None => p.recv.with(slot * chunk, want, |src| copy_bytes(dst, src)),
+                        Some(f) => p.recv.with(slot * chunk, want, |src| f(dst, src)),
+                    }
+                    .map_err(|e| Error::Invalid(format!("receive slot {slot}: {e}")))?;
                     p.consumed += 1;
                     p.unreported += 1;
                     recv_off[k] += want;
