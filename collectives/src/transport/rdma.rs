@@ -27,13 +27,13 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use ferroce_stack::transport::copy_bytes;
+use ferroce_stack::transport::{copy_bytes, VecRegion};
 use ferroce_verbs::{
     AccessFlags, CompletionQueue, ConnectOptions, Context, MemoryRegion, ProtectionDomain, QpType,
     QueuePair, RecvWr, RemoteQp, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use super::region::SharedRegion;
+use super::region::{prefaulted, SharedRegion};
 use super::{exchange_fold_whole, Fold, RecvSpec, SendSpec, Transport};
 use crate::bootstrap::Rendezvous;
 use crate::error::{Error, Result};
@@ -232,7 +232,9 @@ impl RdmaEndpoint {
                 .max_send_wr(sq)
                 .max_recv_wr(rq)
                 .build(&cq, &cq)?;
-            let send_mr = self.pd.reg_mr(ring, access)?;
+            let send_mr = self
+                .pd
+                .reg_mr_with(Box::new(VecRegion(prefaulted(ring))), access)?;
             let recv = SharedRegion::zeroed(ring);
             let recv_mr = self.pd.reg_mr_with(Box::new(recv.clone()), access)?;
             let opts = ConnectOptions {

@@ -24,9 +24,12 @@ impl std::fmt::Debug for SharedRegion {
 }
 
 impl SharedRegion {
+    /// `len` zero bytes, every page already mapped (see [`prefault`]).
     pub fn zeroed(len: usize) -> SharedRegion {
+        let mut words = vec![0u64; len.div_ceil(8)];
+        prefault(bytemuck::cast_slice_mut(&mut words));
         SharedRegion {
-            words: Arc::new(Mutex::new(vec![0; len.div_ceil(8)])),
+            words: Arc::new(Mutex::new(words)),
             len,
         }
     }
@@ -55,6 +58,25 @@ impl SharedRegion {
             .ok_or(oob)?;
         bytes.get(offset..end).map(f).ok_or(oob)
     }
+}
+
+/// Touch every page of fresh zeroed memory. Zeroed allocations come from
+/// calloc/mmap and are mapped on first write: without this the first
+/// messages through each slot pay page faults (a few µs each, hundreds of
+/// them per rank for 64 KiB slots), which land in the first timed sizes.
+pub(crate) fn prefault(bytes: &mut [u8]) {
+    const PAGE: usize = 4096;
+    for b in bytes.iter_mut().step_by(PAGE) {
+        // black_box: a zero written over known zeros may be optimised away.
+        *b = std::hint::black_box(0);
+    }
+}
+
+/// `len` zero bytes with every page mapped, for an ordinary registered region.
+pub(crate) fn prefaulted(len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    prefault(&mut v);
+    v
 }
 
 impl MemoryRegion for SharedRegion {
