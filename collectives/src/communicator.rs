@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 use std::rc::Rc;
 
-use crate::dtype::{Element, ReduceOp};
+use crate::dtype::{reduce_lower, reduce_upper, Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -149,6 +149,45 @@ pub(crate) fn block(count: usize, n: usize, i: usize) -> Range<usize> {
     start..start + q + usize::from(i < r)
 }
 
+/// Fold incoming bytes into `dst` bytes as `T`s (see
+/// [`Communicator::sendrecv_fold`]). `dst` comes from a `[T]`, so it is
+/// aligned; bytes that are not (a receive slot is, at chunk sizes that are
+/// multiples of 8) go through aligned copies rather than a panic.
+fn fold_bytes<T: Element>(op: ReduceOp, incoming_first: bool, dst: &mut [u8], src: &[u8]) {
+    let fold = |acc: &mut [T], other: &[T]| {
+        if incoming_first {
+            reduce_upper(op, acc, other)
+        } else {
+            reduce_lower(op, acc, other)
+        }
+    };
+    let copied;
+    let other: &[T] = match bytemuck::try_cast_slice(src) {
+        Ok(o) => o,
+        Err(_) => {
+            copied = aligned_copy::<T>(src);
+            &copied
+        }
+    };
+    match bytemuck::try_cast_slice_mut::<u8, T>(dst) {
+        Ok(acc) => fold(acc, other),
+        Err(_) => {
+            let mut acc = aligned_copy::<T>(dst);
+            fold(&mut acc, other);
+            let n = dst.len();
+            dst.copy_from_slice(&bytes(&acc)[..n]);
+        }
+    }
+}
+
+/// `b` as `T`s in fresh (aligned) storage, the tail zero-padded.
+fn aligned_copy<T: Element>(b: &[u8]) -> Vec<T> {
+    let mut v =
+        vec![<T as bytemuck::Zeroable>::zeroed(); b.len().div_ceil(std::mem::size_of::<T>())];
+    bytes_mut(&mut v)[..b.len()].copy_from_slice(b);
+    v
+}
+
 /// `(&buf[a], &mut buf[b])` for disjoint ranges.
 pub(crate) fn split_pair<T>(buf: &mut [T], a: Range<usize>, b: Range<usize>) -> (&[T], &mut [T]) {
     if a.end <= b.start {
@@ -251,6 +290,37 @@ impl<'t> Communicator<'t> {
         let mut recvs: Vec<(usize, &mut [u8])> =
             recv.map(|(r, b)| (r, bytes_mut(b))).into_iter().collect();
         self.xchg(&sends, &mut recvs)
+    }
+
+    /// Send `send` while `recv` is combined with the partner's message:
+    /// `recv[i] = incoming[i] op recv[i]` if `incoming_first` (the incoming
+    /// partial covers lower ranks), else `recv[i] op incoming[i]`. The same
+    /// element-wise order as receiving into a temporary and then calling
+    /// `reduce_upper` / `reduce_lower`, but the transport may fold each
+    /// chunk as it lands. `send` and `recv` must not overlap.
+    pub(crate) fn sendrecv_fold<T: Element>(
+        &self,
+        send: (usize, &[T]),
+        recv: (usize, &mut [T]),
+        op: ReduceOp,
+        incoming_first: bool,
+    ) -> Result<()> {
+        let n = self.size();
+        let world = |r: usize| {
+            self.members
+                .get(r)
+                .copied()
+                .ok_or_else(|| Error::Invalid(format!("rank {r} is outside a communicator of {n}")))
+        };
+        let sends = [(world(send.0)?, bytes(send.1))];
+        let mut recvs = [(world(recv.0)?, bytes_mut(recv.1))];
+        let mut fold = |dst: &mut [u8], src: &[u8]| fold_bytes::<T>(op, incoming_first, dst, src);
+        self.transport.borrow_mut().exchange_fold(
+            &sends,
+            &mut recvs,
+            std::mem::size_of::<T>(),
+            &mut fold,
+        )
     }
 
     fn check_rank(&self, r: usize, what: &str) -> Result<()> {
@@ -553,5 +623,35 @@ impl<'t> Communicator<'t> {
             algos: self.algos,
             scratch: Rc::clone(&self.scratch),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fold_bytes_is_reduce_upper_or_lower_at_any_alignment() {
+        let acc0: Vec<f32> = vec![1.5, -2.0, 3.25];
+        let inc: Vec<f32> = vec![0.5, 4.0, -1.0];
+        for first in [true, false] {
+            let mut want = acc0.clone();
+            if first {
+                reduce_upper(ReduceOp::Sum, &mut want, &inc);
+            } else {
+                reduce_lower(ReduceOp::Sum, &mut want, &inc);
+            }
+            // Aligned, then both sides one byte off a 4-byte boundary.
+            let mut acc = acc0.clone();
+            fold_bytes::<f32>(ReduceOp::Sum, first, bytes_mut(&mut acc), bytes(&inc));
+            assert_eq!(acc, want);
+            let (mut dw, mut sw) = ([0i32; 4], [0i32; 4]);
+            let d = &mut bytes_mut(&mut dw)[1..13];
+            d.copy_from_slice(bytes(&acc0));
+            let s = &mut bytes_mut(&mut sw)[1..13];
+            s.copy_from_slice(bytes(&inc));
+            fold_bytes::<f32>(ReduceOp::Sum, first, d, s);
+            assert_eq!(&*d, bytes(&want));
+        }
     }
 }

@@ -51,6 +51,15 @@ pub struct DeviceOptions {
     /// Seeded loss, reordering, ... on every rank's receive path (the
     /// `tc netem` of a kernel without sch_netem); the seed is varied by rank.
     pub faults: Option<ferroce_nic::FaultConfig>,
+    /// Responder ACK coalescing (the core's `ack_delay`): each QP may hold
+    /// back its ACK this long so one ACK covers several messages. Small
+    /// exchanges then cost two frames instead of four (data and ACK each
+    /// way), which on 2 cores with 4 ranks is most of an 8-byte allreduce.
+    /// Capped at an eighth of the QPs' local ACK time-out (see [`run_with`]).
+    pub ack_delay: Option<Duration>,
+    /// A held-back ACK goes out once it covers this many messages; capped
+    /// at half the credit window so a sender never stalls on it.
+    pub ack_coalesce: u32,
 }
 
 impl Default for DeviceOptions {
@@ -61,6 +70,8 @@ impl Default for DeviceOptions {
             backend: Backend::Udp,
             mode: EngineMode::Polling,
             faults: None,
+            ack_delay: Some(Duration::from_micros(500)),
+            ack_coalesce: 4,
         }
     }
 }
@@ -76,7 +87,40 @@ impl DeviceOptions {
         if let Ok(v) = std::env::var("FERROCE_ENGINE") {
             d.mode = parse_mode(&v)?;
         }
+        if let Ok(v) = std::env::var("FERROCE_ACK_DELAY_US") {
+            let us: u64 = v
+                .trim()
+                .parse()
+                .map_err(|_| Error::Env(format!("FERROCE_ACK_DELAY_US={v:?} is not a number")))?;
+            d.ack_delay = (us > 0).then(|| Duration::from_micros(us));
+        }
         Ok(d)
+    }
+
+    /// The ACK coalescing limits fitted to a transport's settings: the
+    /// delay at most an eighth of the local ACK time-out (so a held-back
+    /// ACK never makes the peer retransmit), the count at most half the
+    /// credit window.
+    pub fn fit(mut self, cfg: &RdmaConfig) -> DeviceOptions {
+        if let (Some(d), Some(t)) = (
+            self.ack_delay,
+            ferroce_stack::transport::timers::local_ack_timeout(cfg.ack_timeout),
+        ) {
+            self.ack_delay = Some(d.min(t / 8));
+        }
+        self.ack_coalesce = self.ack_coalesce.clamp(1, (cfg.slots / 2).max(1) as u32);
+        self
+    }
+
+    fn open_options(&self) -> OpenOptions {
+        OpenOptions {
+            mode: self.mode,
+            core: ferroce_stack::transport::Config {
+                ack_delay: self.ack_delay,
+                ack_coalesce: self.ack_coalesce,
+                ..Default::default()
+            },
+        }
     }
 }
 
@@ -131,7 +175,7 @@ pub fn run_with<R: Send>(
                 .collect()
         }));
     }
-    let ctxs = open_devices(fabric, n, dev)?;
+    let ctxs = open_devices(fabric, n, dev.fit(&cfg))?;
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::RendezvousIo {
         what: "binding the test rendezvous".into(),
         source: e,
@@ -204,13 +248,7 @@ pub fn run_env<R>(
     dc.udp_bind = udp_bind_from_env()?;
     dc.seed ^= b.rank as u64;
     dc.faults = faults_for(dev, b.rank);
-    let ctx = Context::open(
-        &dc,
-        OpenOptions {
-            mode: dev.mode,
-            ..OpenOptions::default()
-        },
-    )?;
+    let ctx = Context::open(&dc, dev.fit(&cfg).open_options())?;
     let mut rv = Rendezvous::connect(&b)?;
     let ep = RdmaEndpoint::new(ctx);
     let t = ep.connect(&mut rv, &cfg)?;
@@ -298,10 +336,7 @@ type Devices = (Vec<Context>, Option<ferroce_nic::netns::Topology>);
 
 /// One device per rank on `fabric` (and the namespaces, kept alive by the caller).
 pub fn open_devices(fabric: Fabric, n: usize, dev: DeviceOptions) -> Result<Devices> {
-    let opts = OpenOptions {
-        mode: dev.mode,
-        ..OpenOptions::default()
-    };
+    let opts = dev.open_options();
     let id = NEXT_NET.fetch_add(1, Ordering::Relaxed);
     match fabric {
         Fabric::Local => Err(Error::Invalid("the local fabric has no devices".into())),

@@ -168,13 +168,23 @@ impl Engine {
         self.progress.notify_all();
     }
 
+    /// Wake completion waiters after a step that moved frames. Only
+    /// thread mode has any (polling-mode waits sleep on the backend's fd),
+    /// and std's futex condvar makes a futex syscall per notify whether or
+    /// not anyone waits: about 2 µs per step on this VM (retpolines).
+    fn notify_progress(&self) {
+        if self.mode == EngineMode::Thread {
+            self.progress.notify_all();
+        }
+    }
+
     /// One step from a caller's thread (polling mode, or to hurry the thread).
     pub fn step_now(&self) -> usize {
         let r = self.lock().step();
         match r {
             Ok(n) => {
                 if n > 0 {
-                    self.progress.notify_all();
+                    self.notify_progress();
                 }
                 n
             }
@@ -198,7 +208,7 @@ impl Engine {
             Ok(n) => {
                 drop(inner);
                 if n > 0 {
-                    self.progress.notify_all();
+                    self.notify_progress();
                 }
                 Some(n)
             }

@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use super::fold::Fold;
 use crate::communicator::{block, split_pair, Communicator};
-use crate::dtype::{finish, reduce_lower, reduce_upper, Element, ReduceOp};
+use crate::dtype::{finish, Element, ReduceOp};
 use crate::error::Result;
 
 impl Communicator<'_> {
@@ -32,32 +32,25 @@ impl Communicator<'_> {
         let span = |lo: usize, hi: usize| blocks[lo].start..blocks[hi - 1].end;
         let (mut lo, mut hi) = (0, p);
         let mut mask = p / 2;
-        self.with_scratch::<T, _>(blocks[0].len() * p.div_ceil(2), |tmp| {
-            while mask > 0 {
-                let vp = vr ^ mask;
-                let mid = lo + (hi - lo) / 2;
-                let (keep, give) = if vr & mask == 0 {
-                    (span(lo, mid), span(mid, hi))
-                } else {
-                    (span(mid, hi), span(lo, mid))
-                };
-                let t = &mut tmp[..keep.len()];
-                self.sendrecv(Some((real(vp), &buf[give])), Some((real(vp), &mut *t)))?;
-                // Lower virtual ranks' partial always goes on the left.
-                if vp < vr {
-                    reduce_upper(op, &mut buf[keep], t);
-                } else {
-                    reduce_lower(op, &mut buf[keep], t);
-                }
-                if vr & mask == 0 {
-                    hi = mid;
-                } else {
-                    lo = mid;
-                }
-                mask >>= 1;
+        while mask > 0 {
+            let vp = vr ^ mask;
+            let mid = lo + (hi - lo) / 2;
+            let (keep, give) = if vr & mask == 0 {
+                (span(lo, mid), span(mid, hi))
+            } else {
+                (span(mid, hi), span(lo, mid))
+            };
+            // Folded in as it arrives; the lower virtual rank's partial
+            // always goes on the left.
+            let (snd, acc) = split_pair(buf, give, keep);
+            self.sendrecv_fold((real(vp), snd), (real(vp), acc), op, vp < vr)?;
+            if vr & mask == 0 {
+                hi = mid;
+            } else {
+                lo = mid;
             }
-            Ok(())
-        })?;
+            mask >>= 1;
+        }
         finish(op, &mut buf[span(lo, hi)], n);
         // Allgather: the owned range doubles each step.
         let mut mask = 1;

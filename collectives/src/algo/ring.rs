@@ -8,7 +8,7 @@
 use std::ops::Range;
 
 use crate::communicator::{block, split_pair, Communicator};
-use crate::dtype::{finish, reduce_upper, Element, ReduceOp};
+use crate::dtype::{finish, Element, ReduceOp};
 use crate::error::Result;
 
 impl Communicator<'_> {
@@ -21,18 +21,18 @@ impl Communicator<'_> {
     ) -> Result<()> {
         let (n, r) = (self.size(), self.rank());
         let (right, left) = ((r + 1) % n, (r + n - 1) % n);
-        let max = blocks.iter().map(|b| b.len()).max().unwrap_or(0);
-        self.with_scratch::<T, _>(max, |tmp| {
-            for s in 0..n - 1 {
-                let sb = blocks[(r + 2 * n - s - 1) % n].clone();
-                let rb = blocks[(r + 2 * n - s - 2) % n].clone();
-                let t = &mut tmp[..rb.len()];
-                self.sendrecv(Some((right, &buf[sb])), Some((left, &mut *t)))?;
-                // The incoming partial covers the ranks before us in the fold.
-                reduce_upper(op, &mut buf[rb], t);
+        for s in 0..n - 1 {
+            let sb = blocks[(r + 2 * n - s - 1) % n].clone();
+            let rb = blocks[(r + 2 * n - s - 2) % n].clone();
+            if sb.is_empty() && rb.is_empty() {
+                continue;
             }
-            Ok(())
-        })
+            // The incoming partial covers the ranks before us in the fold;
+            // it is folded in chunk by chunk as it arrives.
+            let (snd, acc) = split_pair(buf, sb, rb);
+            self.sendrecv_fold((right, snd), (left, acc), op, true)?;
+        }
+        Ok(())
     }
 
     /// Every rank starts with `buf[blocks[rank]]` and ends with all blocks.

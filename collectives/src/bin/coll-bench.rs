@@ -304,7 +304,7 @@ fn header(
         a.op, a.fabric, dt.name(), redop.name(), a.algo, a.warmup, a.iters
     );
     println!(
-        "# backend {}, engine {:?}, chunk {} B, slots {}, spin {:?}",
+        "# backend {}, engine {:?}, chunk {} B, slots {}, spin {:?}, ACK coalescing {}",
         if a.fabric == "rdma-core" {
             "rdma-core libibverbs"
         } else {
@@ -313,7 +313,15 @@ fn header(
         dev.mode,
         cfg.chunk,
         cfg.slots,
-        cfg.spin
+        cfg.spin,
+        match dev.fit(cfg) {
+            DeviceOptions {
+                ack_delay: Some(d),
+                ack_coalesce: k,
+                ..
+            } => format!("{k} per ACK or {d:?}"),
+            _ => "off".into(),
+        }
     );
     println!("#");
     println!(

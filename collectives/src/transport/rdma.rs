@@ -27,13 +27,15 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use ferroce_stack::transport::{copy_bytes, VecRegion};
 use ferroce_verbs::{
     AccessFlags, CompletionQueue, ConnectOptions, Context, MemoryRegion, ProtectionDomain, QpType,
     QueuePair, RecvWr, RemoteQp, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
+use super::region::{prefaulted, SharedRegion};
 use super::wire::{self, QpAddr, LEN_MASK};
-use super::{RecvSpec, SendSpec, Transport};
+use super::{exchange_fold_whole, Fold, RecvSpec, SendSpec, Transport};
 use crate::bootstrap::Rendezvous;
 use crate::error::{Error, Result};
 
@@ -110,7 +112,10 @@ pub struct RdmaEndpoint {
 struct Peer<'pd> {
     qp: QueuePair<'pd>,
     send_mr: MemoryRegion<'pd>,
-    recv_mr: MemoryRegion<'pd>,
+    /// Registered (the peer's WRITEs land here); `recv` reaches the same
+    /// bytes without the device lock.
+    _recv_mr: MemoryRegion<'pd>,
+    recv: SharedRegion,
     remote_addr: u64,
     remote_rkey: u32,
     /// Receive slots free at the peer.
@@ -135,6 +140,9 @@ pub struct RdmaTransport<'pd> {
     peers: Vec<Option<Peer<'pd>>>,
     cq: CompletionQueue,
     wcs: Vec<WorkCompletion>,
+    /// When the last message arrived: a responder coalescing ACKs may still
+    /// hold its ACK back (see [`RdmaTransport::drop`]).
+    last_rx: Instant,
 }
 
 impl RdmaEndpoint {
@@ -194,8 +202,11 @@ impl RdmaEndpoint {
                 .max_send_wr(sq)
                 .max_recv_wr(rq)
                 .build(&cq, &cq)?;
-            let send_mr = self.pd.reg_mr(ring, access)?;
-            let recv_mr = self.pd.reg_mr(ring, access)?;
+            let send_mr = self
+                .pd
+                .reg_mr_with(Box::new(VecRegion(prefaulted(ring))), access)?;
+            let recv = SharedRegion::zeroed(ring);
+            let recv_mr = self.pd.reg_mr_with(Box::new(recv.clone()), access)?;
             let opts = ConnectOptions {
                 local_psn: wire::psn_for(cfg.seed, rank, j),
                 ..base_opts
@@ -207,12 +218,12 @@ impl RdmaEndpoint {
                 addr: recv_mr.addr(),
                 rkey: recv_mr.rkey(),
             });
-            made.push(Some((qp, send_mr, recv_mr, opts)));
+            made.push(Some((qp, send_mr, recv_mr, recv, opts)));
         }
         let all = rv.allgather(&wire::encode(gid.octets(), &entries))?;
         let mut peers = Vec::with_capacity(size);
         for (j, m) in made.into_iter().enumerate() {
-            let Some((qp, send_mr, recv_mr, opts)) = m else {
+            let Some((qp, send_mr, recv_mr, recv, opts)) = m else {
                 peers.push(None);
                 continue;
             };
@@ -244,7 +255,8 @@ impl RdmaEndpoint {
             peers.push(Some(Peer {
                 qp,
                 send_mr,
-                recv_mr,
+                _recv_mr: recv_mr,
+                recv,
                 remote_addr: addr,
                 remote_rkey: rkey,
                 credits: cfg.slots,
@@ -266,6 +278,7 @@ impl RdmaEndpoint {
             peers,
             cq,
             wcs: Vec::with_capacity(64),
+            last_rx: Instant::now(),
         })
     }
 }
@@ -282,6 +295,9 @@ impl<'pd> RdmaTransport<'pd> {
     fn drain_cq(&mut self) -> Result<usize> {
         self.wcs.clear();
         let n = self.cq.poll(64, &mut self.wcs)?;
+        if n > 0 {
+            self.last_rx = Instant::now();
+        }
         let slots = self.cfg.slots;
         let chunk = self.cfg.chunk;
         for i in 0..n {
@@ -367,6 +383,35 @@ impl Transport for RdmaTransport<'_> {
     }
 
     fn exchange(&mut self, sends: &[SendSpec<'_>], recvs: &mut [RecvSpec<'_>]) -> Result<()> {
+        self.run(sends, recvs, None)
+    }
+
+    /// Chunks are folded straight out of their receive slots as they
+    /// arrive (no temporary, and the reduction overlaps the transfer) when
+    /// the chunk size is a multiple of `align`; otherwise whole messages.
+    fn exchange_fold(
+        &mut self,
+        sends: &[SendSpec<'_>],
+        recvs: &mut [RecvSpec<'_>],
+        align: usize,
+        fold: Fold<'_>,
+    ) -> Result<()> {
+        if align == 0 || !self.cfg.chunk.is_multiple_of(align) {
+            return exchange_fold_whole(self, sends, recvs, fold);
+        }
+        self.run(sends, recvs, Some(fold))
+    }
+}
+
+impl RdmaTransport<'_> {
+    /// The exchange loop; with `fold`, receives are combined into their
+    /// buffers chunk by chunk instead of copied.
+    fn run(
+        &mut self,
+        sends: &[SendSpec<'_>],
+        recvs: &mut [RecvSpec<'_>],
+        mut fold: Option<Fold<'_>>,
+    ) -> Result<()> {
         let (chunk, slots) = (self.cfg.chunk, self.cfg.slots);
         for &(j, _) in sends.iter() {
             self.peer(j)?;
@@ -449,10 +494,12 @@ impl Transport for RdmaTransport<'_> {
                     }
                     p.arrived.pop_front();
                     let slot = (p.consumed % slots as u64) as usize;
-                    p.recv_mr.read(
-                        (slot * chunk) as u64,
-                        &mut buf[recv_off[k]..recv_off[k] + want],
-                    )?;
+                    let dst = &mut buf[recv_off[k]..recv_off[k] + want];
+                    match fold.as_mut() {
+                        None => p.recv.with(slot * chunk, want, |src| copy_bytes(dst, src)),
+                        Some(f) => p.recv.with(slot * chunk, want, |src| f(dst, src)),
+                    }
+                    .map_err(|e| Error::Invalid(format!("receive slot {slot}: {e}")))?;
                     p.consumed += 1;
                     p.unreported += 1;
                     recv_off[k] += want;
@@ -525,21 +572,26 @@ impl Transport for RdmaTransport<'_> {
 }
 
 impl Drop for RdmaTransport<'_> {
-    /// Let the last WRITEs be acknowledged before the QPs go away (bounded).
+    /// Let the last WRITEs be acknowledged before the QPs go away (bounded),
+    /// and keep the device going until any ACK this side holds back for
+    /// coalescing is out: its delay is at most an eighth of the ACK
+    /// time-out (`DeviceOptions::fit`), counted from the last arrival.
     fn drop(&mut self) {
         let deadline = Instant::now() + self.cfg.timeout.min(Duration::from_secs(2));
+        let held = ferroce_stack::transport::timers::local_ack_timeout(self.cfg.ack_timeout)
+            .map_or(Duration::ZERO, |t| t / 8);
         while Instant::now() < deadline {
             let pending = self
                 .peers
                 .iter()
                 .flatten()
                 .any(|p| p.data_posted != p.data_done || p.credit_posted != p.credit_done);
-            if !pending {
+            if !pending && self.last_rx.elapsed() > held {
                 break;
             }
             match self.drain_cq() {
                 Ok(0) => {
-                    let _ = self.cq.wait(Duration::from_millis(10));
+                    let _ = self.cq.wait(Duration::from_millis(1));
                 }
                 Ok(_) => {}
                 Err(_) => break,

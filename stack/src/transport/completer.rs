@@ -9,7 +9,7 @@ use super::device::{AsyncEvent, Ctx};
 use super::dma;
 use super::psn;
 use super::qp::{Qp, QpState};
-use super::timers::{local_ack_timeout, rnr_delay, Timer};
+use super::timers::{local_ack_timeout, rnr_delay, Timer, TIMERS};
 use super::wqe::{WcOpcode, WcStatus, WorkCompletion, WqeState};
 
 impl Qp {
@@ -265,7 +265,17 @@ impl Qp {
     }
 
     /// Local ACK timeout or RNR wait expired.
-    pub(crate) fn on_timers(&mut self, fired: [bool; 2], ctx: &mut Ctx<'_>) {
+    pub(crate) fn on_timers(&mut self, fired: [bool; TIMERS], ctx: &mut Ctx<'_>) {
+        // The responder's held-back ACK (it runs from RTR on).
+        if fired[Timer::AckDelay as usize]
+            && matches!(
+                self.state,
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+            )
+            && !self.resp.release_deferred()
+        {
+            ctx.stats.count("resp_queue_full");
+        }
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             return;
         }
@@ -334,7 +344,7 @@ impl Qp {
         self.attr.qp_state = QpState::Err;
         self.timers.stop_all();
         self.flush(ctx);
-        self.resp.out.clear();
+        self.resp.clear_out();
         if let Some(srq) = self.srq {
             ctx.events
                 .push_back(AsyncEvent::QpLastWqeReached { qpn: self.qpn, srq });

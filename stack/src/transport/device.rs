@@ -44,6 +44,15 @@ pub struct Config {
     /// The port's active path MTU in bytes. UD QPs have no path MTU
     /// attribute; like rxe they use the port's (rxe_av / port attr).
     pub port_mtu: u32,
+    /// Responder ACK coalescing: an RC responder may hold back the ACK of a
+    /// SEND/WRITE that asked for one this long, so that one ACK covers the
+    /// packets that follow (IBTA ACK coalescing: an ACK acknowledges every
+    /// earlier PSN too). `None` (the default, as rxe) ACKs at once. It must
+    /// stay well below the peers' local ACK time-out, or they retransmit.
+    pub ack_delay: Option<core::time::Duration>,
+    /// With `ack_delay`: a held-back ACK goes out once it covers this many
+    /// ACK-requesting packets (keep it below the peers' send window).
+    pub ack_coalesce: u32,
 }
 
 impl Default for Config {
@@ -61,6 +70,8 @@ impl Default for Config {
             // rxe's active MTU on a 1500-byte Ethernet link; the verbs
             // layer sets the interface's own.
             port_mtu: 1024,
+            ack_delay: None,
+            ack_coalesce: 4,
         }
     }
 }

@@ -15,6 +15,7 @@ use super::mr::{AccessError, AccessFlags};
 use super::psn;
 use super::qp::{Qp, QpState, QpType};
 use super::requester::packets;
+use super::timers::Timer;
 use super::wqe::{RecvWqe, WcOpcode, WcStatus, WorkCompletion};
 
 /// Bytes of GRH area at the head of a UD receive buffer (ibv_post_recv(3)).
@@ -104,6 +105,11 @@ pub(crate) struct RespState {
     pub resources: Vec<Resource>,
     pub res_next: usize,
     pub out: VecDeque<RespOut>,
+    /// An ACK held back for coalescing (`Config::ack_delay`): (PSN, MSN),
+    /// always newer than anything in `out`, and the ACK-requesting packets
+    /// it covers.
+    pub deferred: Option<(u32, u32)>,
+    pub deferred_pkts: u32,
 }
 
 impl RespState {
@@ -123,6 +129,8 @@ impl RespState {
             resources: vec![Resource::Free],
             res_next: 0,
             out: VecDeque::new(),
+            deferred: None,
+            deferred_pkts: 0,
         }
     }
     pub fn resize_resources(&mut self, n: usize) {
@@ -139,7 +147,13 @@ impl RespState {
         self.cur_offset = 0;
         self.uc_drop = false;
         self.resources.fill(Resource::Free);
+        self.clear_out();
+    }
+    /// Forget everything not yet sent (reset, error).
+    pub fn clear_out(&mut self) {
         self.out.clear();
+        self.deferred = None;
+        self.deferred_pkts = 0;
     }
     fn store(&mut self, r: Resource) {
         if self.resources.is_empty() {
@@ -149,15 +163,38 @@ impl RespState {
         self.resources[i] = r;
         self.res_next = (i + 1) % self.resources.len();
     }
+    /// Queue `o` behind a held-back ACK, which goes first (it is older).
     fn push_out(&mut self, o: RespOut) -> bool {
+        self.release_deferred() & self.push_raw(o)
+    }
+    fn push_raw(&mut self, o: RespOut) -> bool {
         if self.out.len() >= OUT_CAP {
             return false;
         }
         self.out.push_back(o);
         true
     }
-    /// Queue an ACK, folding it into a plain ACK already waiting (coalescing).
+    /// Queue an ACK now (after any held back), folding it into a plain ACK
+    /// already waiting (coalescing).
     fn push_ack(&mut self, psn: u32, msn: u32) -> bool {
+        self.release_deferred() & self.coalesce_ack(psn, msn)
+    }
+    /// Move the held-back ACK, if any, into the queue.
+    pub fn release_deferred(&mut self) -> bool {
+        self.deferred_pkts = 0;
+        match self.deferred.take() {
+            Some((psn, msn)) => self.coalesce_ack(psn, msn),
+            None => true,
+        }
+    }
+    /// Hold back the ACK of an accepted request packet; true once it covers
+    /// `max` of them (then it is queued and must go now).
+    fn defer_ack(&mut self, psn: u32, msn: u32, max: u32) -> bool {
+        self.deferred = Some((psn, msn));
+        self.deferred_pkts += 1;
+        self.deferred_pkts >= max
+    }
+    fn coalesce_ack(&mut self, psn: u32, msn: u32) -> bool {
         let ack = Syndrome::Ack {
             credits: aeth::CREDITS_UNLIMITED,
         };
@@ -173,7 +210,7 @@ impl RespState {
                 return true;
             }
         }
-        self.push_out(RespOut::Ack {
+        self.push_raw(RespOut::Ack {
             psn,
             syndrome: ack,
             msn,
@@ -383,7 +420,24 @@ impl Qp {
                 // acknowledge: READ/atomic answer with their responses.
                 if rc && pkt.repr.bth.ack_req && matches!(kind, OpKind::Send | OpKind::Write) {
                     let m = self.resp.msn;
-                    if !self.resp.push_ack(p, m) {
+                    // Coalescing: hold the ACK back while nothing else is
+                    // queued (a NAK or READ response releases it first).
+                    let queued = match ctx.cfg.ack_delay {
+                        Some(delay) if self.resp.out.is_empty() => {
+                            if self.resp.defer_ack(p, m, ctx.cfg.ack_coalesce) {
+                                self.timers.stop(Timer::AckDelay);
+                                self.resp.release_deferred()
+                            } else {
+                                ctx.stats.count("ack_deferred");
+                                if !self.timers.is_armed(Timer::AckDelay) {
+                                    self.timers.set(Timer::AckDelay, ctx.now + delay);
+                                }
+                                true
+                            }
+                        }
+                        _ => self.resp.push_ack(p, m),
+                    };
+                    if !queued {
                         ctx.stats.count("resp_queue_full");
                     }
                 }

@@ -63,11 +63,16 @@ pub enum Timer {
     Retransmit = 0,
     /// Waiting out an RNR NAK before retrying.
     Rnr = 1,
+    /// The responder's held-back ACK is due (`Config::ack_delay`).
+    AckDelay = 2,
 }
+
+/// How many [`Timer`]s there are.
+pub const TIMERS: usize = 3;
 
 /// A small fixed table of deadlines (quinn-proto style), one per [`Timer`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TimerTable([Option<Instant>; 2]);
+pub struct TimerTable([Option<Instant>; TIMERS]);
 
 impl TimerTable {
     pub fn set(&mut self, t: Timer, at: Instant) {
@@ -83,15 +88,15 @@ impl TimerTable {
         self.0[t as usize].is_some()
     }
     pub fn stop_all(&mut self) {
-        self.0 = [None; 2];
+        self.0 = [None; TIMERS];
     }
     /// The earliest armed deadline.
     pub fn next(&self) -> Option<Instant> {
         self.0.iter().flatten().min().copied()
     }
     /// Timers whose deadline is at or before `now`, cleared as they are returned.
-    pub fn expire(&mut self, now: Instant) -> [bool; 2] {
-        let mut fired = [false; 2];
+    pub fn expire(&mut self, now: Instant) -> [bool; TIMERS] {
+        let mut fired = [false; TIMERS];
         for (i, slot) in self.0.iter_mut().enumerate() {
             if matches!(slot, Some(at) if *at <= now) {
                 *slot = None;
@@ -124,7 +129,7 @@ mod tests {
         t.set(Timer::Rnr, Instant::from_nanos(10));
         t.set(Timer::Retransmit, Instant::from_nanos(5));
         assert_eq!(t.next(), Some(Instant::from_nanos(5)));
-        assert_eq!(t.expire(Instant::from_nanos(7)), [true, false]);
+        assert_eq!(t.expire(Instant::from_nanos(7)), [true, false, false]);
         assert_eq!(t.next(), Some(Instant::from_nanos(10)));
     }
 }

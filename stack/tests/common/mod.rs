@@ -59,6 +59,12 @@ impl Pair {
             seed,
             Config {
                 max_unacked_psns: window,
+                // Soak the responder's ACK coalescing too:
+                // FERROCE_ACK_DELAY_US=<µs> (off by default).
+                ack_delay: std::env::var("FERROCE_ACK_DELAY_US")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .map(std::time::Duration::from_micros),
                 ..Config::default()
             },
         );
