@@ -10,13 +10,16 @@ cd "$(dirname "$0")/.."
 backends=${*:-afxdp udp afpacket}
 command -v /usr/bin/time >/dev/null || { echo "needs /usr/bin/time (apt-get install time)"; exit 2; }
 cargo build --release -q -p ferroce-verbs --bin ferroce --example tcp_baseline
-bin=target/release/ferroce
-tcp=target/release/examples/tcp_baseline
+tdir=${CARGO_TARGET_DIR:-target}
+bin=$tdir/release/ferroce
+tcp=$tdir/release/examples/tcp_baseline
 name=bench$$
-"$bin" netns up 2 "$name" > /tmp/ferroce-bench-hosts
-trap '"$bin" netns down >/dev/null' EXIT
+hosts=/tmp/ferroce-bench-hosts.$$
+"$bin" netns up 2 "$name" > "$hosts"
 a=frc-$name-h0; b=frc-$name-h1
-ipa=$(awk 'NR==1{print $3}' /tmp/ferroce-bench-hosts)
+# Only this run's namespaces: `netns down` would also remove other runs' (tests on a shared machine).
+trap 'ip netns del "$a"; ip netns del "$b"; rm -f "$hosts"' EXIT
+ipa=$(awk 'NR==1{print $3}' "$hosts")
 t() { /usr/bin/time -f "cpu=%U+%S ($1)" "${@:2}"; }
 
 echo "== kernel TCP stream, 64 KiB writes, 5 s"
