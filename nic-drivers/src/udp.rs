@@ -76,6 +76,11 @@ pub struct UdpConfig {
     pub socket_buffer: usize,
     /// MAC placed as destination in synthesised frames (this host's "MAC").
     pub mac: [u8; 6],
+    /// Every frame `transmit` is given is a RoCE v2 packet with a right ICRC
+    /// (the transport core's are): giving a GSO segment its IPv4 ID then
+    /// updates the ICRC without checking it first, one CRC pass less per
+    /// frame. Off by default, so other payloads pass through unchanged.
+    pub tx_icrc_valid: bool,
 }
 
 impl UdpConfig {
@@ -91,6 +96,7 @@ impl UdpConfig {
             uring: false,
             socket_buffer: 8 << 20,
             mac: frame::mac_for_ip(bind.ip()),
+            tx_icrc_valid: false,
         }
     }
 }
@@ -827,7 +833,11 @@ impl PacketIo for UdpIo {
                 if let Some(l3) = hl.checked_sub(IPV4_UDP_HLEN) {
                     let pkt = &mut self.tx_arena[frame_at + l3..p + plen];
                     if ipv4_id::id_of(pkt) != Some(k as u16) {
-                        self.ids.set_id(pkt, k as u16);
+                        if self.cfg.tx_icrc_valid {
+                            self.ids.set_id_of_valid(pkt, k as u16);
+                        } else {
+                            self.ids.set_id(pkt, k as u16);
+                        }
                     }
                 }
             }

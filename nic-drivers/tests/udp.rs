@@ -201,6 +201,60 @@ fn mixed_header_lengths_in_one_batch() {
     }
 }
 
+/// RoCE frames over IPv4 in GSO sends: segment k leaves with IPv4 ID k, so transmit gives each
+/// frame that ID and an ICRC to match (checked first, or with `tx_icrc_valid` updated without
+/// the check); receive recovers the ID from the ICRC. Every frame arrives with a right ICRC.
+#[test]
+fn roce_icrc_survives_the_kernel_ids() {
+    for valid in [false, true] {
+        let mut tx = open("127.0.0.1:0", |c| c.tx_icrc_valid = valid);
+        let mut rx = open("127.0.0.1:0", |_| {});
+        let spec = HeaderSpec {
+            dst_mac: rx.mac(),
+            src_mac: tx.mac(),
+            // The ICRC covers the UDP source port: the socket's, as the core uses over UDP.
+            src: tx.local_addr(),
+            dst: rx.local_addr(),
+            tos: 0,
+            ttl: 64,
+        };
+        let frames: Vec<Vec<u8>> = (0..40u8)
+            .map(|i| {
+                // BTH: RDMA WRITE Middle (0x07), pkey 0xFFFF, QPN 0x11, PSN i; then data, ICRC.
+                let mut p = vec![0x07, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, i];
+                p.extend((0..1024u32).map(|j| (j as u8) ^ i));
+                p.extend_from_slice(&[0; 4]);
+                let mut f = build_udp_frame(&spec, &p).unwrap();
+                let end = f.len() - 4;
+                let crc = ferroce_stack::wire::icrc::compute(&f[14..end], false).unwrap();
+                f[end..].copy_from_slice(&crc.to_le_bytes());
+                f
+            })
+            .collect();
+        let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_slice()).collect();
+        assert_eq!(tx.send_frames(&refs).unwrap(), frames.len());
+        let mut got = Vec::new();
+        drain(&mut rx, frames.len(), &mut got);
+        assert_eq!(got.len(), frames.len());
+        let mut ids = Vec::new();
+        for (g, f) in got.iter().zip(&frames) {
+            let end = g.len() - 4;
+            let crc = ferroce_stack::wire::icrc::compute(&g[14..end], false).unwrap();
+            assert_eq!(
+                g[end..],
+                crc.to_le_bytes(),
+                "ICRC right (tx_icrc_valid {valid})"
+            );
+            assert_eq!(g[42..end], f[42..end], "payload intact");
+            ids.push(u16::from_be_bytes([g[18], g[19]]));
+        }
+        assert!(
+            ids.iter().any(|id| *id > 0),
+            "GSO segments carry IDs 1, 2, ...: {ids:?}"
+        );
+    }
+}
+
 #[test]
 fn garbage_frames_are_counted_not_sent() {
     let mut a = open("127.0.0.1:0", |_| {});
