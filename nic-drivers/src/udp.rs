@@ -403,8 +403,14 @@ impl UdpIo {
         self.uring.is_some()
     }
 
-    fn prepare_rx(&mut self) {
-        for (slot, h) in self.rx_slots.iter_mut().zip(self.rx_hdrs.iter_mut()) {
+    /// Resets the first `n` receive headers (a recvmmsg for `n` messages).
+    fn prepare_rx(&mut self, n: usize) {
+        for (slot, h) in self
+            .rx_slots
+            .iter_mut()
+            .zip(self.rx_hdrs.iter_mut())
+            .take(n)
+        {
             let data = &mut slot.buf[HEADROOM..];
             slot.iov.iov_base = data.as_mut_ptr().cast();
             slot.iov.iov_len = data.len();
@@ -514,6 +520,10 @@ impl UdpIo {
             total.max(1)
         };
         let hl = frame::header_len(peer.is_ipv6());
+        // The headers of the last datagram and its length: the datagrams of one receive
+        // share them but for the last, which may be shorter.
+        let mut last = [0u8; HEADROOM];
+        let mut last_len = None;
         let mut n = 0;
         let mut off = 0;
         while off < total || (total == 0 && off == 0) {
@@ -523,7 +533,17 @@ impl UdpIo {
             let f = slot.buf.get_mut(at..at + hl + len);
             match f {
                 Some(f) if hl + len <= self.cfg.max_frame_len => {
-                    if frame::write_headers(f, &spec, len).is_ok() {
+                    let headers = if last_len == Some(len) {
+                        f[..hl].copy_from_slice(&last[..hl]);
+                        true
+                    } else if frame::write_headers(f, &spec, len).is_ok() {
+                        last[..hl].copy_from_slice(&f[..hl]);
+                        last_len = Some(len);
+                        true
+                    } else {
+                        false
+                    };
+                    if headers {
                         if !peer.is_ipv6() {
                             // The header says ID 0; make it the ID the sender's ICRC covers.
                             let l3 = frame::header_len(false) - IPV4_UDP_HLEN;
@@ -550,10 +570,11 @@ impl UdpIo {
     fn recv_mmsg(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {
         let mut delivered = 0;
         while delivered < max {
-            self.prepare_rx();
             // With GRO one message may carry many frames; ask for fewer
             // messages as the budget runs out.
-            let want = (max - delivered).min(self.rx_hdrs.len()) as libc::c_uint;
+            let want = (max - delivered).min(self.rx_hdrs.len());
+            self.prepare_rx(want);
+            let want = want as libc::c_uint;
             // SAFETY: rx_hdrs[..want] are initialised and point into live slots.
             let r = unsafe {
                 libc::recvmmsg(
@@ -962,7 +983,7 @@ impl UdpIo {
         // Adaptive depth: every submitted RecvMsg costs ~1 µs even when it
         // finds nothing, so submit about as many as the last call filled.
         let want = max.min(self.rx_hdrs.len()).min(self.uring_depth).max(1);
-        self.prepare_rx();
+        self.prepare_rx(want);
         let fd = self.sock.as_raw_fd();
         // Taken out while frames are delivered (deliver needs &mut self).
         let Some(mut u) = self.uring.take() else {
