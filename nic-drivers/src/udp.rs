@@ -215,6 +215,8 @@ pub struct UdpIo {
     tx_hlen: usize,
     stats: Stats,
     kernel_drops: u32,
+    // Frames per message in the last receive (GRO), to size the next one.
+    rx_frames_per_msg: usize,
     gso: bool,
     uring: Option<uring::Uring>,
     uring_depth: usize,
@@ -378,6 +380,7 @@ impl UdpIo {
             tx_hlen: frame::header_len(false),
             stats: Stats::default(),
             kernel_drops: 0,
+            rx_frames_per_msg: 1,
             gso: cfg.gso,
             uring: None,
             uring_depth: 4,
@@ -570,9 +573,11 @@ impl UdpIo {
     fn recv_mmsg(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {
         let mut delivered = 0;
         while delivered < max {
-            // With GRO one message may carry many frames; ask for fewer
-            // messages as the budget runs out.
-            let want = (max - delivered).min(self.rx_hdrs.len());
+            // With GRO one message carries many frames: ask for as many messages as
+            // should hold the frames still wanted, judging by the last receive.
+            let want = (max - delivered)
+                .div_ceil(self.rx_frames_per_msg)
+                .min(self.rx_hdrs.len());
             self.prepare_rx(want);
             let want = want as libc::c_uint;
             // SAFETY: rx_hdrs[..want] are initialised and point into live slots.
@@ -598,8 +603,12 @@ impl UdpIo {
                 }
             }
             let got = r as usize;
+            let before = delivered;
             for i in 0..got {
                 delivered += self.deliver(i, sink);
+            }
+            if let Some(per) = (delivered - before).checked_div(got) {
+                self.rx_frames_per_msg = per.max(1);
             }
             if got < want as usize {
                 break;
