@@ -15,6 +15,10 @@
 //! ([`UdpConfig::uring`]) submits the same message batches through a ring;
 //! it falls back to the plain calls when io_uring cannot be set up.
 //!
+//! No payload is copied in user space: a sent message points at the frames'
+//! payloads in the TX arena ([`UdpIo`]'s `transmit`), and a received
+//! datagram's headers are synthesised in place in front of it (`deliver`).
+//!
 //! What is lost compared with a raw backend: the UDP *source* port of sent
 //! frames is always the socket's (the core's per-QP entropy port is not
 //! carried), the MACs are synthetic (from [`crate::frame::mac_for_ip`]), and
