@@ -15,6 +15,10 @@
 //! ([`UdpConfig::uring`]) submits the same message batches through a ring;
 //! it falls back to the plain calls when io_uring cannot be set up.
 //!
+//! No payload is copied in user space: a sent message points at the frames'
+//! payloads in the TX arena ([`UdpIo`]'s `transmit`), and a received
+//! datagram's headers are synthesised in place in front of it (`deliver`).
+//!
 //! What is lost compared with a raw backend: the UDP *source* port of sent
 //! frames is always the socket's (the core's per-QP entropy port is not
 //! carried), the MACs are synthetic (from [`crate::frame::mac_for_ip`]), and
@@ -52,6 +56,9 @@ const MAX_DGRAM: usize = 65_507;
 const CMSG_ROOM: usize = 256;
 // IPv4 + UDP header bytes in front of the RoCE payload (the core builds no IP options).
 const IPV4_UDP_HLEN: usize = 28;
+// Room for a frame's Ethernet/IP/UDP headers in front of a UDP payload: the longest the
+// backend synthesises (14 + 40 + 8 for IPv6) rounded up to a cache line.
+const HEADROOM: usize = 64;
 
 /// UDP backend settings.
 #[derive(Debug, Clone, Copy)]
@@ -73,6 +80,11 @@ pub struct UdpConfig {
     pub socket_buffer: usize,
     /// MAC placed as destination in synthesised frames (this host's "MAC").
     pub mac: [u8; 6],
+    /// Every frame `transmit` is given is a RoCE v2 packet with a right ICRC
+    /// (the transport core's are): giving a GSO segment its IPv4 ID then
+    /// updates the ICRC without checking it first, one CRC pass less per
+    /// frame. Off by default, so other payloads pass through unchanged.
+    pub tx_icrc_valid: bool,
 }
 
 impl UdpConfig {
@@ -88,6 +100,7 @@ impl UdpConfig {
             uring: false,
             socket_buffer: 8 << 20,
             mac: frame::mac_for_ip(bind.ip()),
+            tx_icrc_valid: false,
         }
     }
 }
@@ -156,14 +169,25 @@ pub(crate) fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
     }
 }
 
-/// One receive or send slot: a buffer plus the kernel structures pointing
-/// into it. Boxed so the pointers stay valid when the Vec of slots moves.
+/// One receive slot: a buffer plus the kernel structures pointing into it.
+/// Boxed so the pointers stay valid when the Vec of slots moves. The kernel
+/// writes the datagram(s) after `HEADROOM` bytes, so each datagram's headers
+/// can be synthesised in place just in front of it (see `UdpIo::deliver`).
 struct Slot {
     buf: Vec<u8>,
     name: libc::sockaddr_storage,
     iov: libc::iovec,
     control: [u64; CMSG_ROOM / 8],
-    // TX only: UDP_SEGMENT size of this message (0 = one datagram).
+}
+
+/// One outgoing message: its UDP payload is one contiguous run of the TX
+/// arena (the payloads of its GSO segments back to back, see
+/// `UdpIo::transmit`), so it needs no buffer of its own. Boxed like [`Slot`].
+struct TxMsg {
+    name: libc::sockaddr_storage,
+    iov: libc::iovec,
+    control: [u64; CMSG_ROOM / 8],
+    // UDP_SEGMENT size of this message (0 = one datagram).
     seg: usize,
 }
 
@@ -187,12 +211,16 @@ pub struct UdpIo {
     v6_socket: bool,
     rx_slots: Vec<Box<Slot>>,
     rx_hdrs: Vec<libc::mmsghdr>,
-    tx_slots: Vec<Box<Slot>>,
+    tx_slots: Vec<Box<TxMsg>>,
     tx_hdrs: Vec<libc::mmsghdr>,
-    // Frame scratch: the fill callback writes here on TX; RX builds frames here.
-    scratch: Vec<u8>,
+    // The fill callback writes frames here; messages point into it (transmit).
+    tx_arena: Vec<u8>,
+    // Header length of the last frame sent: where the next one is placed.
+    tx_hlen: usize,
     stats: Stats,
     kernel_drops: u32,
+    // Frames per message in the last receive (GRO), to size the next one.
+    rx_frames_per_msg: usize,
     gso: bool,
     uring: Option<uring::Uring>,
     uring_depth: usize,
@@ -217,7 +245,19 @@ unsafe impl Send for UdpIo {}
 
 fn new_slot(len: usize) -> Box<Slot> {
     Box::new(Slot {
-        buf: vec![0u8; len],
+        buf: vec![0u8; HEADROOM + len],
+        // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
+        name: unsafe { std::mem::zeroed() },
+        iov: libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        },
+        control: [0; CMSG_ROOM / 8],
+    })
+}
+
+fn new_tx_msg() -> Box<TxMsg> {
+    Box::new(TxMsg {
         // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
         name: unsafe { std::mem::zeroed() },
         iov: libc::iovec {
@@ -330,22 +370,21 @@ impl UdpIo {
         } else {
             cfg.max_frame_len
         };
-        let tx_len = if cfg.gso {
-            MAX_DGRAM + 1
-        } else {
-            cfg.max_frame_len
-        };
         let mut io = UdpIo {
             sock,
             v6_socket: v6,
             local,
             rx_slots: (0..cfg.batch).map(|_| new_slot(rx_len)).collect(),
             rx_hdrs: (0..cfg.batch).map(|_| empty_mmsghdr()).collect(),
-            tx_slots: (0..cfg.batch).map(|_| new_slot(tx_len)).collect(),
+            tx_slots: (0..cfg.batch).map(|_| new_tx_msg()).collect(),
             tx_hdrs: (0..cfg.batch).map(|_| empty_mmsghdr()).collect(),
-            scratch: vec![0u8; cfg.max_frame_len.max(rx_len + frame::header_len(true))],
+            // A batch of full-size frames; the payloads of a GSO message (at most
+            // MAX_DGRAM bytes) fit in any batch of frames that can carry them.
+            tx_arena: vec![0u8; HEADROOM + cfg.batch * cfg.max_frame_len],
+            tx_hlen: frame::header_len(false),
             stats: Stats::default(),
             kernel_drops: 0,
+            rx_frames_per_msg: 1,
             gso: cfg.gso,
             uring: None,
             uring_depth: 4,
@@ -371,10 +410,17 @@ impl UdpIo {
         self.uring.is_some()
     }
 
-    fn prepare_rx(&mut self) {
-        for (slot, h) in self.rx_slots.iter_mut().zip(self.rx_hdrs.iter_mut()) {
-            slot.iov.iov_base = slot.buf.as_mut_ptr().cast();
-            slot.iov.iov_len = slot.buf.len();
+    /// Resets the first `n` receive headers (a recvmmsg for `n` messages).
+    fn prepare_rx(&mut self, n: usize) {
+        for (slot, h) in self
+            .rx_slots
+            .iter_mut()
+            .zip(self.rx_hdrs.iter_mut())
+            .take(n)
+        {
+            let data = &mut slot.buf[HEADROOM..];
+            slot.iov.iov_base = data.as_mut_ptr().cast();
+            slot.iov.iov_len = data.len();
             h.msg_hdr.msg_name = (&mut slot.name as *mut libc::sockaddr_storage).cast();
             h.msg_hdr.msg_namelen =
                 std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
@@ -441,9 +487,13 @@ impl UdpIo {
     }
 
     /// Turns received datagram `idx` (maybe GRO-coalesced) into frames.
+    ///
+    /// No copy: each datagram's headers are written in place just in front of
+    /// it, over the tail of the datagram before (already handed to the sink,
+    /// which cannot keep it) or into the slot's headroom for the first.
     fn deliver(&mut self, idx: usize, sink: &mut RxSink<'_>) -> usize {
         let meta = self.parse_cmsgs(idx);
-        let (Some(h), Some(slot)) = (self.rx_hdrs.get(idx), self.rx_slots.get(idx)) else {
+        let (Some(h), Some(slot)) = (self.rx_hdrs.get(idx), self.rx_slots.get_mut(idx)) else {
             return 0;
         };
         if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
@@ -452,7 +502,7 @@ impl UdpIo {
             self.stats.rx_dropped += 1;
             return 0;
         }
-        let total = (h.msg_len as usize).min(slot.buf.len());
+        let total = (h.msg_len as usize).min(slot.buf.len() - HEADROOM);
         let Some(peer) = from_sockaddr(&slot.name) else {
             self.stats.rx_dropped += 1;
             return 0;
@@ -476,27 +526,45 @@ impl UdpIo {
         } else {
             total.max(1)
         };
+        let hl = frame::header_len(peer.is_ipv6());
+        // The headers of the last datagram and its length: the datagrams of one receive
+        // share them but for the last, which may be shorter.
+        let mut last = [0u8; HEADROOM];
+        let mut last_len = None;
         let mut n = 0;
         let mut off = 0;
         while off < total || (total == 0 && off == 0) {
             let len = seg.min(total - off);
-            let payload = &slot.buf[off..off + len];
-            let hl = frame::header_len(peer.is_ipv6());
-            if hl + len > self.cfg.max_frame_len {
-                self.stats.rx_dropped += 1;
-            } else if let Ok(hl) = frame::write_headers(&mut self.scratch, &spec, len) {
-                self.scratch[hl..hl + len].copy_from_slice(payload);
-                if !peer.is_ipv6() {
-                    // The header says ID 0; make it the ID the sender's ICRC covers.
-                    let l3 = frame::header_len(false) - IPV4_UDP_HLEN;
-                    self.ids.fix(&mut self.scratch[l3..hl + len]);
+            // The frame: headers in the HEADROOM bytes before the payload (hl <= HEADROOM).
+            let at = HEADROOM + off - hl;
+            let f = slot.buf.get_mut(at..at + hl + len);
+            match f {
+                Some(f) if hl + len <= self.cfg.max_frame_len => {
+                    let headers = if last_len == Some(len) {
+                        f[..hl].copy_from_slice(&last[..hl]);
+                        true
+                    } else if frame::write_headers(f, &spec, len).is_ok() {
+                        last[..hl].copy_from_slice(&f[..hl]);
+                        last_len = Some(len);
+                        true
+                    } else {
+                        false
+                    };
+                    if headers {
+                        if !peer.is_ipv6() {
+                            // The header says ID 0; make it the ID the sender's ICRC covers.
+                            let l3 = frame::header_len(false) - IPV4_UDP_HLEN;
+                            self.ids.fix(&mut f[l3..]);
+                        }
+                        sink(f);
+                        self.stats.rx_frames += 1;
+                        self.stats.rx_bytes += (hl + len) as u64;
+                        n += 1;
+                    } else {
+                        self.stats.rx_dropped += 1;
+                    }
                 }
-                sink(&self.scratch[..hl + len]);
-                self.stats.rx_frames += 1;
-                self.stats.rx_bytes += (hl + len) as u64;
-                n += 1;
-            } else {
-                self.stats.rx_dropped += 1;
+                _ => self.stats.rx_dropped += 1,
             }
             if total == 0 {
                 break;
@@ -509,10 +577,13 @@ impl UdpIo {
     fn recv_mmsg(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {
         let mut delivered = 0;
         while delivered < max {
-            self.prepare_rx();
-            // With GRO one message may carry many frames; ask for fewer
-            // messages as the budget runs out.
-            let want = (max - delivered).min(self.rx_hdrs.len()) as libc::c_uint;
+            // With GRO one message carries many frames: ask for as many messages as
+            // should hold the frames still wanted, judging by the last receive.
+            let want = (max - delivered)
+                .div_ceil(self.rx_frames_per_msg)
+                .min(self.rx_hdrs.len());
+            self.prepare_rx(want);
+            let want = want as libc::c_uint;
             // SAFETY: rx_hdrs[..want] are initialised and point into live slots.
             let r = unsafe {
                 libc::recvmmsg(
@@ -536,8 +607,12 @@ impl UdpIo {
                 }
             }
             let got = r as usize;
+            let before = delivered;
             for i in 0..got {
                 delivered += self.deliver(i, sink);
+            }
+            if let Some(per) = (delivered - before).checked_div(got) {
+                self.rx_frames_per_msg = per.max(1);
             }
             if got < want as usize {
                 break;
@@ -639,8 +714,21 @@ impl UdpIo {
     }
 }
 
+/// The destination in the socket's family (v4 peers on a v6 socket go
+/// v4-mapped); None for a v6 peer on a v4 socket.
+fn socket_dst(v6_socket: bool, dst: SocketAddr) -> Option<SocketAddr> {
+    match (v6_socket, dst) {
+        (true, SocketAddr::V4(a)) => Some(SocketAddr::new(
+            IpAddr::V6(a.ip().to_ipv6_mapped()),
+            a.port(),
+        )),
+        (false, SocketAddr::V6(_)) => None,
+        _ => Some(dst),
+    }
+}
+
 /// (segments, synthetic frame bytes) a prepared send carries.
-fn tx_segments(slot: &Slot) -> (usize, usize) {
+fn tx_segments(slot: &TxMsg) -> (usize, usize) {
     let total = slot.iov.iov_len;
     let hl = frame::header_len(libc::c_int::from(slot.name.ss_family) == libc::AF_INET6);
     if slot.seg == 0 || slot.seg >= total {
@@ -674,6 +762,8 @@ struct Run {
     dst: SocketAddr,
     tos: u8,
     seg: usize,
+    /// Where its payload starts in the TX arena, and its length.
+    start: usize,
     len: usize,
     segs: usize,
     closed: bool,
@@ -699,43 +789,71 @@ impl PacketIo for UdpIo {
         self.recv_mmsg(max, sink)
     }
 
+    /// No copy: the fill callback writes each frame into the TX arena at the
+    /// place where its UDP payload follows the previous frame's, so the
+    /// payloads of a GSO message lie back to back and the message points at
+    /// them. The frame's Ethernet/IP/UDP headers land on the previous
+    /// payload's last bytes, which are saved before and put back once the
+    /// headers have been read (the kernel builds its own). Frames stay in the
+    /// arena until the messages pointing into them have been sent.
     fn transmit(&mut self, max: usize, fill: &mut TxFill<'_>) -> Result<usize, NicError> {
         let mut taken = 0;
         let mut msgs = 0usize;
         let mut run: Option<Run> = None;
-        let cap = self.tx_slots.first().map_or(0, |s| s.buf.len());
         let max_frame = self.cfg.max_frame_len;
+        // Every message of the last call has been sent: the arena is free.
+        let mut pos = HEADROOM;
         while taken < max {
-            let Some(n) = fill(&mut self.scratch[..max_frame]) else {
+            if pos + max_frame > self.tx_arena.len() {
+                if let Some(r) = run.take() {
+                    self.seal(msgs - 1, &r);
+                }
+                if msgs > 0 {
+                    self.flush_tx(msgs)?;
+                    msgs = 0;
+                }
+                pos = HEADROOM;
+            }
+            // Where the frame goes if its headers are as long as the last one's.
+            let guess = self.tx_hlen;
+            let at = pos - guess;
+            let mut saved = [0u8; HEADROOM];
+            saved[..guess].copy_from_slice(&self.tx_arena[at..pos]);
+            let Some(n) = fill(&mut self.tx_arena[at..at + max_frame]) else {
+                self.tx_arena[at..pos].copy_from_slice(&saved[..guess]);
                 break;
             };
             taken += 1;
-            let info = match self.scratch.get(..n).map(frame::parse_udp) {
-                Some(Ok(i)) => i,
-                _ => {
-                    self.stats.tx_dropped += 1;
-                    continue;
-                }
+            let info = match self.tx_arena.get(at..at + n).filter(|_| n <= max_frame) {
+                Some(f) => frame::parse_udp(f).ok(),
+                None => None,
             };
-            let plen = info.payload_len;
-            let dst = info.dst;
-            // Family must match the socket: v4 peers on a v6 socket go v4-mapped.
-            let dst = match (self.v6_socket, dst) {
-                (true, SocketAddr::V4(a)) => {
-                    SocketAddr::new(IpAddr::V6(a.ip().to_ipv6_mapped()), a.port())
-                }
-                (false, SocketAddr::V6(_)) => {
-                    self.stats.tx_dropped += 1;
-                    continue;
-                }
-                _ => dst,
+            let dst = info.and_then(|i| socket_dst(self.v6_socket, i.dst));
+            let (Some(info), Some(dst)) = (info, dst) else {
+                self.tx_arena[at..pos].copy_from_slice(&saved[..guess]);
+                self.stats.tx_dropped += 1;
+                continue;
             };
-            let payload_range = info.payload_offset..info.payload_offset + plen;
+            let (hl, plen) = (info.payload_offset, info.payload_len);
+            let frame_at = if hl == guess {
+                at
+            } else {
+                // Other headers (the other IP family, a VLAN tag): move the frame past the
+                // previous payload (a copy, rarely) and expect this length from now on.
+                self.tx_arena.copy_within(at..at + n, pos);
+                self.tx_arena[at..pos].copy_from_slice(&saved[..guess]);
+                if hl <= HEADROOM {
+                    self.tx_hlen = hl;
+                }
+                pos
+            };
+            let p = frame_at + hl;
             let appendable = match &run {
                 Some(r) if self.gso && !r.closed && r.dst == dst && r.tos == info.tos => {
                     plen > 0
                         && plen <= r.seg
-                        && r.len + plen <= cap.min(MAX_DGRAM)
+                        && r.start + r.len == p
+                        && r.len + plen <= MAX_DGRAM
                         && r.segs < GSO_MAX_SEGS
                 }
                 _ => false,
@@ -746,16 +864,24 @@ impl PacketIo for UdpIo {
                     Some(r) if appendable => r.segs,
                     _ => 0,
                 };
-                if let Some(l3) = info.payload_offset.checked_sub(IPV4_UDP_HLEN) {
-                    let pkt = &mut self.scratch[l3..info.payload_offset + plen];
+                if let Some(l3) = hl.checked_sub(IPV4_UDP_HLEN) {
+                    let pkt = &mut self.tx_arena[frame_at + l3..p + plen];
                     if ipv4_id::id_of(pkt) != Some(k as u16) {
-                        self.ids.set_id(pkt, k as u16);
+                        if self.cfg.tx_icrc_valid {
+                            self.ids.set_id_of_valid(pkt, k as u16);
+                        } else {
+                            self.ids.set_id(pkt, k as u16);
+                        }
                     }
                 }
             }
+            if frame_at == at {
+                // The headers have been read: the previous payload gets its bytes back.
+                self.tx_arena[at..pos].copy_from_slice(&saved[..guess]);
+            }
+            pos = p + plen;
             if appendable {
-                if let (Some(r), Some(slot)) = (run.as_mut(), self.tx_slots.get_mut(msgs - 1)) {
-                    slot.buf[r.len..r.len + plen].copy_from_slice(&self.scratch[payload_range]);
+                if let Some(r) = run.as_mut() {
                     r.len += plen;
                     r.segs += 1;
                     // A shorter segment must be the last one (UDP_SEGMENT rule).
@@ -770,13 +896,11 @@ impl PacketIo for UdpIo {
                 self.flush_tx(msgs)?;
                 msgs = 0;
             }
-            if let Some(slot) = self.tx_slots.get_mut(msgs) {
-                slot.buf[..plen].copy_from_slice(&self.scratch[payload_range]);
-            }
             run = Some(Run {
                 dst,
                 tos: info.tos,
                 seg: plen,
+                start: p,
                 len: plen,
                 segs: 1,
                 closed: plen == 0,
@@ -821,7 +945,8 @@ impl UdpIo {
         };
         let (ss, len) = to_sockaddr(&r.dst);
         slot.name = ss;
-        slot.iov.iov_base = slot.buf.as_mut_ptr().cast();
+        // The payload stays in the arena (not moved or reused) until flush_tx has sent it.
+        slot.iov.iov_base = self.tx_arena[r.start..].as_mut_ptr().cast();
         slot.iov.iov_len = r.len;
         h.msg_hdr.msg_name = (&mut slot.name as *mut libc::sockaddr_storage).cast();
         h.msg_hdr.msg_namelen = len;
@@ -871,7 +996,7 @@ impl UdpIo {
         // Adaptive depth: every submitted RecvMsg costs ~1 µs even when it
         // finds nothing, so submit about as many as the last call filled.
         let want = max.min(self.rx_hdrs.len()).min(self.uring_depth).max(1);
-        self.prepare_rx();
+        self.prepare_rx(want);
         let fd = self.sock.as_raw_fd();
         // Taken out while frames are delivered (deliver needs &mut self).
         let Some(mut u) = self.uring.take() else {

@@ -133,6 +133,130 @@ fn dual_stack_socket_reports_v4_peers_as_v4() {
     assert_eq!(parse_udp(&got[0]).unwrap().src, dst);
 }
 
+/// Frames with other header lengths in one batch (IPv4, IPv6, an 802.1Q tag) and dropped
+/// ones between them: transmit places each payload after the previous one in its arena, so a
+/// change of header length or a drop must not disturb the frames around it.
+#[test]
+fn mixed_header_lengths_in_one_batch() {
+    let mut tx = open("[::]:0", |_| {});
+    let mut rx4 = open("127.0.0.1:0", |_| {});
+    let mut rx6 = open("[::1]:0", |_| {});
+    let spec = |to: &UdpIo| HeaderSpec {
+        dst_mac: to.mac(),
+        src_mac: tx.mac(),
+        src: SocketAddr::new(
+            if to.local_addr().is_ipv6() {
+                "::1".parse().unwrap()
+            } else {
+                "127.0.0.1".parse().unwrap()
+            },
+            0xC123,
+        ),
+        dst: to.local_addr(),
+        tos: 0,
+        ttl: 64,
+    };
+    let payload = |seq: u8, len: usize| -> Vec<u8> { (0..len).map(|i| (i as u8) ^ seq).collect() };
+    let vlan = |f: Vec<u8>| -> Vec<u8> {
+        let mut t = f[..12].to_vec();
+        t.extend_from_slice(&[0x81, 0x00, 0x00, 0x05]);
+        t.extend_from_slice(&f[12..]);
+        t
+    };
+    // (to v6?, tagged?, payload length); a 60-byte garbage frame after every third.
+    let plan = [
+        (false, false, 1000),
+        (false, false, 1000),
+        (true, false, 1000),
+        (false, true, 1000),
+        (false, false, 1000),
+        (true, false, 3000),
+        (true, false, 3000),
+        (false, false, 4000),
+        (false, true, 1000),
+        (true, false, 200),
+    ];
+    let mut frames = Vec::new();
+    let (mut want4, mut want6) = (Vec::new(), Vec::new());
+    for (i, &(v6, tagged, len)) in plan.iter().enumerate() {
+        let p = payload(i as u8, len);
+        let f = build_udp_frame(&spec(if v6 { &rx6 } else { &rx4 }), &p).unwrap();
+        frames.push(if tagged { vlan(f) } else { f });
+        if v6 { &mut want6 } else { &mut want4 }.push(p);
+        if i % 3 == 2 {
+            frames.push(vec![0u8; 60]);
+        }
+    }
+    let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_slice()).collect();
+    assert_eq!(tx.send_frames(&refs).unwrap(), frames.len());
+    assert_eq!(tx.stats().tx_dropped, 3);
+    for (rx, want) in [(&mut rx4, want4), (&mut rx6, want6)] {
+        let mut got = Vec::new();
+        drain(rx, want.len(), &mut got);
+        let got: Vec<Vec<u8>> = got
+            .iter()
+            .map(|g| g[parse_udp(g).unwrap().payload_offset..].to_vec())
+            .collect();
+        assert_eq!(got, want);
+    }
+}
+
+/// RoCE frames over IPv4 in GSO sends: segment k leaves with IPv4 ID k, so transmit gives each
+/// frame that ID and an ICRC to match (checked first, or with `tx_icrc_valid` updated without
+/// the check); receive recovers the ID from the ICRC. Every frame arrives with a right ICRC.
+#[test]
+fn roce_icrc_survives_the_kernel_ids() {
+    for valid in [false, true] {
+        let mut tx = open("127.0.0.1:0", |c| c.tx_icrc_valid = valid);
+        let mut rx = open("127.0.0.1:0", |_| {});
+        let spec = HeaderSpec {
+            dst_mac: rx.mac(),
+            src_mac: tx.mac(),
+            // The ICRC covers the UDP source port: the socket's, as the core uses over UDP.
+            src: tx.local_addr(),
+            dst: rx.local_addr(),
+            tos: 0,
+            ttl: 64,
+        };
+        let frames: Vec<Vec<u8>> = (0..40u8)
+            .map(|i| {
+                // BTH: RDMA WRITE Middle (0x07), pkey 0xFFFF, QPN 0x11, PSN i; then data, ICRC.
+                let mut p = vec![0x07, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, i];
+                // The last one shorter: a GSO send's (and a GRO receive's) last segment may be.
+                let len = if i == 39 { 512 } else { 1024u32 };
+                p.extend((0..len).map(|j| (j as u8) ^ i));
+                p.extend_from_slice(&[0; 4]);
+                let mut f = build_udp_frame(&spec, &p).unwrap();
+                let end = f.len() - 4;
+                let crc = ferroce_stack::wire::icrc::compute(&f[14..end], false).unwrap();
+                f[end..].copy_from_slice(&crc.to_le_bytes());
+                f
+            })
+            .collect();
+        let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_slice()).collect();
+        assert_eq!(tx.send_frames(&refs).unwrap(), frames.len());
+        let mut got = Vec::new();
+        drain(&mut rx, frames.len(), &mut got);
+        assert_eq!(got.len(), frames.len());
+        let mut ids = Vec::new();
+        for (g, f) in got.iter().zip(&frames) {
+            let end = g.len() - 4;
+            let crc = ferroce_stack::wire::icrc::compute(&g[14..end], false).unwrap();
+            assert_eq!(
+                g[end..],
+                crc.to_le_bytes(),
+                "ICRC right (tx_icrc_valid {valid})"
+            );
+            assert_eq!(g[42..end], f[42..end], "payload intact");
+            ids.push(u16::from_be_bytes([g[18], g[19]]));
+        }
+        assert!(
+            ids.iter().any(|id| *id > 0),
+            "GSO segments carry IDs 1, 2, ...: {ids:?}"
+        );
+    }
+}
+
 #[test]
 fn garbage_frames_are_counted_not_sent() {
     let mut a = open("127.0.0.1:0", |_| {});

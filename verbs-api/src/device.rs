@@ -283,6 +283,8 @@ pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
                     Some(bind) => {
                         let mut c = UdpConfig::new(bind);
                         c.mac = iface.mac;
+                        // Only the transport core fills this backend's frames, and its ICRCs are right.
+                        c.tx_icrc_valid = true;
                         UdpIo::bind(c)
                             .map(|io| {
                                 let local = io.local_addr();
