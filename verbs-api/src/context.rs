@@ -74,6 +74,7 @@ impl Drop for Shared {
         self.engine.stop.store(true, Ordering::Release);
         let t = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(t) = t {
+            t.thread().unpark();
             let _ = t.join();
         }
         self.engine.lock().publish_closed();
@@ -210,7 +211,15 @@ impl Context {
                         .map_err(|e| Error::Io("spawning the engine thread", e))?,
                 )
             }
-            EngineMode::Polling => None,
+            EngineMode::Polling => {
+                let e = Arc::clone(&engine);
+                Some(
+                    std::thread::Builder::new()
+                        .name(format!("ferroce-keeper-{backend}"))
+                        .spawn(move || e.keep())
+                        .map_err(|e| Error::Io("spawning the keeper thread", e))?,
+                )
+            }
         };
         Ok(Context {
             shared: Arc::new(Shared {

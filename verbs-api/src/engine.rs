@@ -7,7 +7,7 @@
 //! (and the core's next timeout) when idle; in polling mode the caller's
 //! thread runs them from `poll_cq` for the lowest latency.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -21,6 +21,13 @@ const STEP_LIMIT: usize = 1024;
 /// Longest idle sleep: bounds how late a timer armed by another thread
 /// (while this one sleeps) can fire.
 const MAX_IDLE_SLEEP: Duration = Duration::from_millis(20);
+/// Polling mode: when the application has not stepped its device for this
+/// long (it is computing, outside the library), the keeper thread steps it,
+/// so ACKs, READ responses and retransmissions still go out. Peers time out
+/// after 4.096 µs × 2^timeout (16.8 ms at the usual 12), so 5 ms keeps a
+/// quiet application from failing their QPs, and costs an active one nothing
+/// (its waits step at least every 200 µs).
+pub const KEEPER_PERIOD: Duration = Duration::from_millis(5);
 
 /// Who drives the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +35,9 @@ pub enum EngineMode {
     /// A thread per device; it sleeps when there is nothing to do.
     Thread,
     /// The caller's thread, from `poll_cq` / `wait`; spins, lowest latency.
+    /// A keeper thread steps the device only when the caller has not for
+    /// [`KEEPER_PERIOD`] (it is busy elsewhere), so peers still get their
+    /// ACKs and responses, as from an RNIC.
     Polling,
 }
 
@@ -133,6 +143,9 @@ pub(crate) struct Engine {
     pub stop: AtomicBool,
     pub failure: Mutex<Option<String>>,
     poll_fd: std::os::fd::RawFd,
+    /// When a step last ran, in ns since `born` (the keeper reads it).
+    last_step_ns: AtomicU64,
+    born: std::time::Instant,
 }
 
 impl Engine {
@@ -145,6 +158,8 @@ impl Engine {
             stop: AtomicBool::new(false),
             failure: Mutex::new(None),
             poll_fd,
+            last_step_ns: AtomicU64::new(0),
+            born: std::time::Instant::now(),
         }
     }
 
@@ -178,8 +193,14 @@ impl Engine {
         }
     }
 
+    fn mark_step(&self) {
+        let ns = self.born.elapsed().as_nanos() as u64;
+        self.last_step_ns.store(ns, Ordering::Relaxed);
+    }
+
     /// One step from a caller's thread (polling mode, or to hurry the thread).
     pub fn step_now(&self) -> usize {
+        self.mark_step();
         let r = self.lock().step();
         match r {
             Ok(n) => {
@@ -204,6 +225,7 @@ impl Engine {
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return None,
         };
+        self.mark_step();
         match inner.step() {
             Ok(n) => {
                 drop(inner);
@@ -224,6 +246,19 @@ impl Engine {
     pub fn wait_io(&self, timeout: Duration) {
         if let Err(e) = ferroce_nic::wait_readable(self.poll_fd, Some(timeout)) {
             self.fail(e.to_string());
+        }
+    }
+
+    /// The keeper's loop (polling mode): steps the device when nobody has
+    /// for [`KEEPER_PERIOD`], never waiting for the lock. Unparked to stop.
+    pub fn keep(self: Arc<Self>) {
+        let period_ns = KEEPER_PERIOD.as_nanos() as u64;
+        while !self.stop.load(Ordering::Acquire) {
+            std::thread::park_timeout(KEEPER_PERIOD);
+            let now = self.born.elapsed().as_nanos() as u64;
+            if now.saturating_sub(self.last_step_ns.load(Ordering::Relaxed)) >= period_ns {
+                let _ = self.try_step();
+            }
         }
     }
 

@@ -356,3 +356,72 @@ fn write_latency_ping_pong() {
         );
     });
 }
+
+/// A polling-mode application that stays out of the library (computing)
+/// longer than its peer's whole retry budget still answers: its keeper
+/// thread steps the device, so the peer's WRITE and READ complete instead of
+/// failing with RETRY_EXC_ERR. (Without the keeper the ACK would wait for the
+/// application's next poll, 300 ms away, against a budget of ~13 ms.)
+#[test]
+fn a_quiet_polling_peer_still_acks() {
+    let (ca, cb) = pair_modes(EngineMode::Thread, EngineMode::Polling);
+    let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
+    let (cqa, cqb) = (ca.create_cq(16).unwrap(), cb.create_cq(16).unwrap());
+    let qa = pa.create_qp().build(&cqa, &cqa).unwrap();
+    let qb = pb.create_qp().build(&cqb, &cqb).unwrap();
+    let ma = pa.reg_mr(1 << 16, all_access()).unwrap();
+    let mb = pb.reg_mr(1 << 16, all_access()).unwrap();
+    // 4.096 µs × 2^10 ≈ 4.2 ms per try, 3 tries.
+    let opts = |psn| ConnectOptions {
+        local_psn: psn,
+        path_mtu: 1024,
+        timeout: 10,
+        retry_cnt: 2,
+        ..Default::default()
+    };
+    qa.to_init(&opts(1)).unwrap();
+    qb.to_init(&opts(2)).unwrap();
+    let remote = |qpn, psn, ctx: &Context| RemoteQp {
+        qpn,
+        psn,
+        gid: ctx.query_gid(0).unwrap(),
+    };
+    qa.connect(&ca, &remote(qb.qpn(), 2, &cb), &opts(1))
+        .unwrap();
+    qb.connect(&cb, &remote(qa.qpn(), 1, &ca), &opts(2))
+        .unwrap();
+
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i * 13) as u8).collect();
+    ma.write(0, &data).unwrap();
+    let sge = [ma.sge(0, 20_000)];
+    let mut wr = SendWr::new(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: mb.addr(),
+            rkey: mb.rkey(),
+        },
+        &sge,
+    );
+    wr.flags.signaled = true;
+    qa.post_send(&[wr]).unwrap();
+    let rsge = [ma.sge(30_000, 20_000)];
+    let mut rd = SendWr::new(
+        2,
+        SendOp::RdmaRead {
+            remote_addr: mb.addr(),
+            rkey: mb.rkey(),
+        },
+        &rsge,
+    );
+    rd.flags.signaled = true;
+    qa.post_send(&[rd]).unwrap();
+    // b's application never calls into the library while a waits.
+    let wcs = cqa.poll_n(2, T).unwrap();
+    for (wc, id) in wcs.iter().zip([1, 2]) {
+        assert_eq!((wc.wr_id, wc.status), (id, WcStatus::Success));
+    }
+    let mut got = vec![0u8; 20_000];
+    ma.read(30_000, &mut got).unwrap();
+    assert_eq!(got, data);
+    drop(cqb);
+}
