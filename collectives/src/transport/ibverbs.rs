@@ -53,6 +53,7 @@ use sideway::ibverbs::queue_pair::{
 };
 use sideway::ibverbs::AccessFlags;
 
+use super::slots;
 use super::wire::{self, QpAddr};
 use super::{RecvSpec, SendSpec, Transport};
 use crate::bootstrap::Rendezvous;
@@ -786,9 +787,7 @@ impl Transport for IbvTransport {
             // Credits back when none rode on data and half the ring is consumed.
             for (j, p) in self.peers.iter_mut().enumerate() {
                 let Some(p) = p else { continue };
-                if p.unreported as usize >= (slots / 2).max(1)
-                    && p.credit_posted - p.credit_done < slots as u64
-                {
+                if slots::credit_due(p.unreported, slots, p.credit_posted, p.credit_done) {
                     post_credits(p, j, p.unreported)?;
                     p.credit_posted += 1;
                     p.unreported = 0;
@@ -808,25 +807,13 @@ impl Transport for IbvTransport {
                 continue;
             }
             if idle >= self.cfg.timeout {
-                let mut waiting_on: Vec<usize> = sends
-                    .iter()
-                    .enumerate()
-                    .filter(|(k, s)| send_off[*k] < s.1.len())
-                    .map(|(_, s)| s.0)
-                    .chain(
-                        recvs
-                            .iter()
-                            .enumerate()
-                            .filter(|(k, r)| recv_off[*k] < r.1.len())
-                            .map(|(_, r)| r.0),
-                    )
-                    .collect();
-                waiting_on.sort_unstable();
-                waiting_on.dedup();
-                return Err(Error::Timeout {
-                    timeout: self.cfg.timeout,
-                    waiting_on,
-                });
+                return Err(slots::timeout(
+                    self.cfg.timeout,
+                    sends,
+                    &send_off,
+                    recvs,
+                    &recv_off,
+                ));
             }
             self.arm()?;
             if self.drain_cq()? > 0 {

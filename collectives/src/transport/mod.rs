@@ -19,6 +19,7 @@ pub mod ibverbs;
 pub mod local;
 pub mod rdma;
 mod region;
+mod slots;
 pub(crate) mod wire;
 
 /// One send: (world rank, bytes).

@@ -34,6 +34,7 @@ use ferroce_verbs::{
 };
 
 use super::region::{prefaulted, SharedRegion};
+use super::slots;
 use super::wire::{self, QpAddr, LEN_MASK};
 use super::{exchange_fold_whole, Fold, RecvSpec, SendSpec, Transport};
 use crate::bootstrap::Rendezvous;
@@ -512,9 +513,7 @@ impl RdmaTransport<'_> {
             // Credits back.
             for (j, p) in self.peers.iter_mut().enumerate() {
                 let Some(p) = p else { continue };
-                if p.unreported as usize >= (slots / 2).max(1)
-                    && p.credit_posted - p.credit_done < slots as u64
-                {
+                if slots::credit_due(p.unreported, slots, p.credit_posted, p.credit_done) {
                     let mut wr =
                         SendWr::new(j as u64, SendOp::SendWithImm { imm: p.unreported }, &[]);
                     wr.flags.signaled = true;
@@ -540,25 +539,13 @@ impl RdmaTransport<'_> {
                 continue;
             }
             if idle >= self.cfg.timeout {
-                let mut waiting_on: Vec<usize> = sends
-                    .iter()
-                    .enumerate()
-                    .filter(|(k, s)| send_off[*k] < s.1.len())
-                    .map(|(_, s)| s.0)
-                    .chain(
-                        recvs
-                            .iter()
-                            .enumerate()
-                            .filter(|(k, r)| recv_off[*k] < r.1.len())
-                            .map(|(_, r)| r.0),
-                    )
-                    .collect();
-                waiting_on.sort_unstable();
-                waiting_on.dedup();
-                return Err(Error::Timeout {
-                    timeout: self.cfg.timeout,
-                    waiting_on,
-                });
+                return Err(slots::timeout(
+                    self.cfg.timeout,
+                    sends,
+                    &send_off,
+                    recvs,
+                    &recv_off,
+                ));
             }
             match self
                 .cq
