@@ -13,7 +13,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let lab = RxeLab::with_config(2, &VmConfig::default())?;
     let files = std::env::var("LAB_FILES").unwrap_or_default();
     for f in files.split(':').filter(|f| !f.is_empty()) {
-        let name = std::path::Path::new(f).file_name().ok_or("LAB_FILES: bad name")?;
+        let name = std::path::Path::new(f)
+            .file_name()
+            .ok_or("LAB_FILES: bad name")?;
         for vm in lab.vms() {
             std::fs::copy(f, vm.share_dir().join(name))?;
         }
@@ -31,12 +33,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if line == "wait" {
             for (i, job) in jobs.drain(..) {
                 let out = job.wait_timeout(Duration::from_secs(120))?;
-                println!("[vm{i} bg, status {}]\n{}{}", out.status, out.stdout_str(), out.stderr_str());
+                println!(
+                    "[vm{i} bg, status {}]\n{}{}",
+                    out.status,
+                    out.stdout_str(),
+                    out.stderr_str()
+                );
             }
             continue;
         }
         if let Some(path) = line.strip_prefix("capture ") {
-            let c = lab.capture(lab.bridge(), std::path::Path::new(path.trim()), "udp port 4791")?;
+            let c = lab.capture(
+                lab.bridge(),
+                std::path::Path::new(path.trim()),
+                "udp port 4791",
+            )?;
             capture = Some(c);
             continue;
         }

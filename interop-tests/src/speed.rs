@@ -281,7 +281,8 @@ pub fn run(o: &SpeedOptions) -> Result<String> {
                 // of a bandwidth run (its server is passive, left to the engine thread) and
                 // both sides of a latency run. Blocking between packets instead halts the
                 // VM's one CPU and every packet then waits for its wake-up (measured under
-                // TCG: ib_send_lat-shaped ping-pong 2.0–3.2× slower than spinning).
+                // TCG, 8 B send_lat over UDP: median of five rounds 1249 µs blocking, 624 µs
+                // spinning; rxe ⇄ rxe 581 µs in the same rounds).
                 let server = if t.is_lat() {
                     format!("{base} --busy-poll")
                 } else {
