@@ -52,6 +52,12 @@ enum Cmd {
         /// QEMU CPU model of both VMs (default: QEMU's, or FERROCE_RXE_VM_CPU).
         #[arg(long)]
         cpu: Option<String>,
+        /// Only these tests: write_bw_64k, write_bw_1m, send_lat (default: all).
+        #[arg(long, value_delimiter = ',')]
+        tests: Vec<String>,
+        /// Skip ferroce on the host against rxe in a VM.
+        #[arg(long)]
+        no_host: bool,
         /// Don't rewrite the `speed` section of interop-tests/RESULTS.md.
         #[arg(long)]
         no_write: bool,
@@ -130,6 +136,8 @@ fn run(cli: Cli) -> Result<ExitCode, ferroce_interop::Error> {
             iters,
             repeat,
             cpu,
+            tests,
+            no_host,
             no_write,
         } => {
             let [a, b, c] = iters[..] else {
@@ -145,6 +153,8 @@ fn run(cli: Cli) -> Result<ExitCode, ferroce_interop::Error> {
                 backends,
                 iters: [a, b, c],
                 repeat: repeat.max(1),
+                tests,
+                host_pairs: !no_host,
                 vm,
                 dir: std::env::temp_dir().join(format!("ferroce-speed-{}", std::process::id())),
             };

@@ -57,6 +57,11 @@ pub struct PerfParams {
     pub duration: Option<Duration>,
     /// Give up when no completion arrives for this long.
     pub timeout: Duration,
+    /// Poll the CQ in a loop instead of waiting on it between polls, as
+    /// perftest does without `-e`. With a polling-mode device every poll is
+    /// an engine step, so the thread never sleeps: a single-CPU VM then takes
+    /// an arriving frame without a halt and wake-up of its virtual CPU.
+    pub spin: bool,
 }
 
 impl PerfParams {
@@ -68,6 +73,7 @@ impl PerfParams {
             tx_depth: 128,
             duration: None,
             timeout: Duration::from_secs(10),
+            spin: false,
         }
     }
 }
@@ -157,6 +163,16 @@ fn check_wc(wc: &WorkCompletion) -> Result<()> {
             "work request {} completed with {:?}",
             wc.wr_id, wc.status
         )))
+    }
+}
+
+/// Between two empty polls: spin (`p.spin`) or sleep until a completion
+/// (or `most`) — a time-out here only means poll again.
+fn idle(cq: &CompletionQueue, p: &PerfParams, most: Duration) {
+    if p.spin {
+        std::hint::spin_loop();
+    } else {
+        cq.wait(most).ok();
     }
 }
 
@@ -257,7 +273,7 @@ pub fn bw_requester(
         } else if last_progress.elapsed() > p.timeout {
             return Err(Error::Timeout(p.timeout, "bandwidth completions"));
         } else if posted - done >= u64::from(p.tx_depth) || stop_at(p, start, posted) {
-            cq.wait(p.timeout.min(Duration::from_millis(5))).ok();
+            idle(cq, p, p.timeout.min(Duration::from_millis(5)));
         }
     }
     Ok(PerfResult {
@@ -309,7 +325,7 @@ pub fn bw_receiver(
             if last.elapsed() > p.timeout {
                 return Err(Error::Timeout(p.timeout, "SEND messages"));
             }
-            cq.wait(Duration::from_millis(5)).ok();
+            idle(cq, p, Duration::from_millis(5));
         } else {
             last = Instant::now();
         }
@@ -363,7 +379,7 @@ pub fn send_lat(
                 if Instant::now() > deadline {
                     return Err(Error::Timeout(p.timeout, "a ping-pong message"));
                 }
-                cq.wait(Duration::from_millis(1)).ok();
+                idle(cq, p, Duration::from_millis(1));
             }
         }
         Ok(())
@@ -421,7 +437,7 @@ pub fn op_lat(
             if Instant::now() > deadline {
                 return Err(Error::Timeout(p.timeout, "a completion"));
             }
-            cq.wait(Duration::from_millis(1)).ok();
+            idle(cq, p, Duration::from_millis(1));
         }
         check_wc(&wcs[0])?;
         lat.push(t.elapsed().as_secs_f64() * 1e6);

@@ -103,8 +103,9 @@ pub struct Args {
     /// Packet engine: auto, afxdp, afpacket or udp.
     #[arg(long, default_value = "auto")]
     pub backend: Backend,
-    /// Drive the engine from the measuring thread (spinning) instead of an
-    /// engine thread: no hand-off between threads, one core busy.
+    /// Drive the engine from the measuring thread, spinning on the CQ
+    /// (never sleeping) instead of an engine thread: no hand-off between
+    /// threads, one core busy.
     #[arg(long)]
     pub busy_poll: bool,
     /// One JSON object per result line instead of the table.
@@ -361,6 +362,8 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     for &size in &sizes {
         let mut p = PerfParams::new(op, size, a.iters());
         p.tx_depth = a.tx_depth;
+        // Busy polling spins on the CQ between polls, as perftest does.
+        p.spin = engine_mode(a) == EngineMode::Polling;
         p.duration = a.duration.map(Duration::from_secs);
         if p.duration.is_some() {
             p.iters = u64::MAX;
@@ -422,17 +425,25 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     Ok(all_ok)
 }
 
-fn open(a: &Args) -> Result<Context, String> {
-    // A passive server (WRITE/READ/atomic) never polls its CQ, so only an
-    // engine thread can answer for it; busy polling applies to the side that
-    // loops on its CQ.
+/// A passive server (WRITE/READ/atomic) never polls its CQ, so only an
+/// engine thread can answer for it; busy polling applies to the side that
+/// loops on its CQ.
+fn engine_mode(a: &Args) -> EngineMode {
     let actively_polls = a.servername.is_some() || a.test() == Test::Send;
-    let mode = if a.busy_poll && actively_polls {
+    if a.busy_poll && actively_polls {
         EngineMode::Polling
     } else {
         EngineMode::Thread
-    };
-    common::open_device(a.ib_dev.as_deref(), a.backend, mode, a.pcap.as_deref())
+    }
+}
+
+fn open(a: &Args) -> Result<Context, String> {
+    common::open_device(
+        a.ib_dev.as_deref(),
+        a.backend,
+        engine_mode(a),
+        a.pcap.as_deref(),
+    )
 }
 
 enum Check {
