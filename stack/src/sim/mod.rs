@@ -183,12 +183,31 @@ impl Network {
         }
     }
 
-    /// Move every frame every core has ready onto the wire.
+    /// Move every frame every core has ready onto the wire. Cores with an
+    /// odd index write theirs with `poll_transmit_split` (payloads left in
+    /// their regions, joined here as a gathering backend would), the others
+    /// with `poll_transmit`, so every simulated exchange runs both paths.
     pub fn transmit(&mut self) {
         let mut buf = core::mem::take(&mut self.buf);
+        let mut joined = Vec::new();
         for i in 0..self.cores.len() {
-            while let Some(n) = self.cores[i].poll_transmit(self.now, &mut buf) {
-                self.send(i, &buf[..n]);
+            if i % 2 == 0 {
+                while let Some(n) = self.cores[i].poll_transmit(self.now, &mut buf) {
+                    self.send(i, &buf[..n]);
+                }
+                continue;
+            }
+            while let Some(s) = self.cores[i].poll_transmit_split(self.now, &mut buf) {
+                joined.clear();
+                joined.extend_from_slice(&buf[..s.head]);
+                if let Some(p) = s.payload {
+                    match self.cores[i].tx_payload(&p) {
+                        Some(bytes) => joined.extend_from_slice(bytes),
+                        None => continue,
+                    }
+                    joined.extend_from_slice(&buf[s.head..s.head + s.tail]);
+                }
+                self.send(i, &joined);
             }
         }
         self.buf = buf;

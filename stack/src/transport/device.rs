@@ -23,6 +23,7 @@ use super::cq::{Cq, CqHandle};
 use super::error::VerbsError;
 use super::mr::{AccessFlags, MemoryRegion, MrTable, PdHandle};
 use super::qp::{check_modify, Qp, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType};
+use super::split::{SplitState, TxPayload, TxSplit};
 use super::srq::{Srq, SrqHandle};
 use super::timers::Instant;
 use super::wqe::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, MAX_SGE};
@@ -151,6 +152,8 @@ pub(crate) struct Ctx<'a> {
     pub stats: &'a mut Stats,
     pub cfg: &'a Config,
     pub now: Instant,
+    /// Whether the frame being written may leave its payload in place.
+    pub split: SplitState,
 }
 
 impl Ctx<'_> {
@@ -201,6 +204,7 @@ macro_rules! split {
             stats: &mut $self.stats,
             cfg: &$self.cfg,
             now: $now,
+            split: SplitState::default(),
         }
     };
 }
@@ -781,9 +785,30 @@ impl Core {
     /// Write the next frame to send into `buf` (which must hold
     /// [`MAX_FRAME_LEN`](super::MAX_FRAME_LEN) bytes) and return its length.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        self.transmit_next(now, buf, false).map(|s| s.head)
+    }
+
+    /// [`Core::poll_transmit`], except that a request's payload may be left
+    /// in its memory region (when it lies in one piece of a region that
+    /// offers [`MemoryRegion::as_slice`](super::MemoryRegion::as_slice)):
+    /// the frame is then `buf[..head]`, the bytes [`Core::tx_payload`] gives
+    /// for the returned payload, and `buf[head..head + tail]`. They stay
+    /// valid, and unchanged, until the core is next borrowed mutably.
+    pub fn poll_transmit_split(&mut self, now: Instant, buf: &mut [u8]) -> Option<TxSplit> {
+        self.transmit_next(now, buf, true)
+    }
+
+    /// The payload bytes of a frame from [`Core::poll_transmit_split`]
+    /// (`None` if its region has gone, which needs a mutable borrow in between).
+    pub fn tx_payload(&self, p: &TxPayload) -> Option<&[u8]> {
+        self.mrs.get(p.lkey)?.region.as_slice(p.offset, p.len)
+    }
+
+    fn transmit_next(&mut self, now: Instant, buf: &mut [u8], split: bool) -> Option<TxSplit> {
         while let Some(slot) = self.ready.pop_front() {
             let slot = slot as usize;
             let mut ctx = split!(self, now);
+            ctx.split.allowed = split;
             let Some(Some(qp)) = self.qps.get_mut(slot) else {
                 continue;
             };
@@ -792,6 +817,13 @@ impl Core {
             if out.is_none() {
                 out = qp.poll_request(buf, &mut ctx);
             }
+            let out = out.map(|n| {
+                ctx.split.out.take().unwrap_or(TxSplit {
+                    head: n,
+                    tail: 0,
+                    payload: None,
+                })
+            });
             if qp.state == QpState::Sqd
                 && qp.req.next >= qp.sq.tail
                 && out.is_some()

@@ -3,6 +3,7 @@
 //! LOCAL_WRITE when the core writes) before a byte moves.
 
 use super::mr::{AccessError, AccessFlags, MrTable, PdHandle};
+use super::split::TxPayload;
 use super::wqe::Sge;
 
 /// Walk the SGEs covering `len` bytes at message offset `offset`, calling
@@ -67,4 +68,40 @@ pub fn scatter(
             .write(roff, &src[at..at + n])
             .map_err(|_| AccessError::Bounds)
     })
+}
+
+/// The `len` message bytes at `offset` where they lie, when they are one
+/// piece of one region that offers them in place
+/// ([`MemoryRegion::as_slice`](super::mr::MemoryRegion::as_slice)) and the
+/// access checks pass; `None` sends the caller to [`gather`], which also
+/// reports any access error.
+pub fn in_place<'m>(
+    mrs: &'m MrTable,
+    pd: PdHandle,
+    sges: &[Sge],
+    mut offset: u64,
+    len: usize,
+) -> Option<(TxPayload, &'m [u8])> {
+    for sge in sges {
+        let sl = u64::from(sge.length);
+        if offset >= sl {
+            offset -= sl;
+            continue;
+        }
+        if sl - offset < len as u64 {
+            return None;
+        }
+        let va = sge.addr.checked_add(offset)?;
+        let (mr, roff) = mrs
+            .check_ref(sge.lkey, pd, va, len as u64, AccessFlags::NONE)
+            .ok()?;
+        let bytes = mr.region.as_slice(roff, len)?;
+        let at = TxPayload {
+            lkey: sge.lkey,
+            offset: roff,
+            len,
+        };
+        return Some((at, bytes));
+    }
+    None
 }

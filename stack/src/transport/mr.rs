@@ -82,6 +82,14 @@ pub trait MemoryRegion: Send + fmt::Debug {
     }
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), OutOfBounds>;
     fn write(&mut self, offset: u64, src: &[u8]) -> Result<(), OutOfBounds>;
+    /// The `len` bytes at `offset` where they lie, for a backend that hands
+    /// them to the kernel itself ([`Core::poll_transmit_split`](super::Core::poll_transmit_split)).
+    /// `None` (the default, and for memory shared with other threads) makes
+    /// the core copy them into the frame instead.
+    fn as_slice(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        let _ = (offset, len);
+        None
+    }
     /// 64-bit compare-and-swap in host byte order; returns the original value.
     /// The core is single-threaded, so the default read-modify-write is atomic
     /// with respect to the network; a region shared with other threads overrides it.
@@ -133,6 +141,9 @@ fn range(offset: u64, len: usize, total: usize) -> Result<core::ops::Range<usize
 impl MemoryRegion for VecRegion {
     fn len(&self) -> u64 {
         self.0.len() as u64
+    }
+    fn as_slice(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        self.0.get(range(offset, len, self.0.len()).ok()?)
     }
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), OutOfBounds> {
         let r = range(offset, dst.len(), self.0.len())?;

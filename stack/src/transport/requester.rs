@@ -13,6 +13,7 @@ use super::device::Ctx;
 use super::dma;
 use super::psn;
 use super::qp::{Qp, QpState, QpType};
+use super::split::TxSplit;
 use super::timers::{local_ack_timeout, Timer};
 use super::wqe::{SendOp, WcStatus, WqeState};
 
@@ -255,20 +256,36 @@ impl Qp {
 
         let mut copy_err = None;
         let w = self.sq.at(idx);
-        let emitted = repr.emit_with(buf, payload_len, |dst| {
-            let r = if flags.inline {
-                match w.inline.get(sent as usize..sent as usize + dst.len()) {
-                    Some(src) => {
-                        dst.copy_from_slice(src);
-                        Ok(())
+        let in_place = if ctx.split.allowed && !flags.inline && payload_len > 0 {
+            dma::in_place(ctx.mrs, self.pd, &w.sges, sent, payload_len)
+        } else {
+            None
+        };
+        let emitted = if let Some((at, bytes)) = in_place {
+            repr.emit_split(buf, bytes).map(|(head, tail)| {
+                ctx.split.out = Some(TxSplit {
+                    head,
+                    tail,
+                    payload: Some(at),
+                });
+                head + tail
+            })
+        } else {
+            repr.emit_with(buf, payload_len, |dst| {
+                let r = if flags.inline {
+                    match w.inline.get(sent as usize..sent as usize + dst.len()) {
+                        Some(src) => {
+                            dst.copy_from_slice(src);
+                            Ok(())
+                        }
+                        None => Err(super::mr::AccessError::Bounds),
                     }
-                    None => Err(super::mr::AccessError::Bounds),
-                }
-            } else {
-                dma::gather(ctx.mrs, self.pd, &w.sges, sent, dst)
-            };
-            copy_err = r.err();
-        });
+                } else {
+                    dma::gather(ctx.mrs, self.pd, &w.sges, sent, dst)
+                };
+                copy_err = r.err();
+            })
+        };
         let frame_len = match emitted {
             Ok(n) => n,
             Err(_) => {

@@ -239,9 +239,6 @@ impl PacketRepr {
         payload_len: usize,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<usize> {
-        let info = self.bth.opcode.info()?;
-        self.check_headers(info, payload_len)?;
-        let pad = pad_for(payload_len);
         let total = self.buffer_len(payload_len)?;
         if buf.len() < total {
             return Err(Error::BufferTooSmall {
@@ -250,7 +247,59 @@ impl PacketRepr {
             });
         }
         let buf = &mut buf[..total];
+        let (l3_at, at, variant) = self.emit_headers(buf, payload_len)?;
+        let pad = pad_for(payload_len);
+        fill(&mut buf[at..at + payload_len]);
+        let end = at + payload_len;
+        buf[end..end + pad].fill(0);
+        let crc = icrc::compute_masked(&buf[l3_at..end + pad]);
+        icrc::unmask(&mut buf[l3_at..], variant);
+        buf[end + pad..end + pad + icrc::ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
+        Ok(total)
+    }
 
+    /// Emit a frame carrying `payload` without copying it: the headers go to
+    /// `buf[..head]` and the pad and ICRC right after them, to
+    /// `buf[head..head + tail]`; the frame on the wire is `buf[..head]`,
+    /// `payload`, `buf[head..head + tail]`. Returns `(head, tail)`. For a
+    /// backend that hands the payload to the kernel where it lies.
+    pub fn emit_split(&self, buf: &mut [u8], payload: &[u8]) -> Result<(usize, usize)> {
+        let payload_len = payload.len();
+        let pad = pad_for(payload_len);
+        let head = self.header_len()?;
+        let tail = pad + icrc::ICRC_LEN;
+        if buf.len() < head + tail {
+            return Err(Error::BufferTooSmall {
+                needed: head + tail,
+                have: buf.len(),
+            });
+        }
+        let (l3_at, at, variant) = self.emit_headers(&mut buf[..head], payload_len)?;
+        debug_assert_eq!(at, head);
+        let mut h = icrc::lrh_hasher();
+        h.update(&buf[l3_at..head]);
+        h.update(payload);
+        h.update(&[0u8; 3][..pad]);
+        let crc = h.finalize();
+        icrc::unmask(&mut buf[l3_at..], variant);
+        buf[head..head + pad].fill(0);
+        buf[head + pad..head + tail].copy_from_slice(&crc.to_le_bytes());
+        Ok((head, tail))
+    }
+
+    /// Writes the headers of a frame with a `payload_len`-byte payload into
+    /// `buf` (at least the headers long), with the ICRC's variant fields
+    /// masked to ones. Returns where the IP header and the payload start,
+    /// and the masked fields to put back after hashing.
+    fn emit_headers(
+        &self,
+        buf: &mut [u8],
+        payload_len: usize,
+    ) -> Result<(usize, usize, icrc::Variant)> {
+        let info = self.bth.opcode.info()?;
+        self.check_headers(info, payload_len)?;
+        let pad = pad_for(payload_len);
+        let total = self.buffer_len(payload_len)?;
         let l3_at = self.emit_ethernet(buf);
         let udp_at = l3_at + self.ip.header_len();
         let udp_len = total - udp_at;
@@ -279,14 +328,7 @@ impl PacketRepr {
                 needed: at,
                 have: buf.len(),
             })?;
-        fill(&mut buf[at..at + payload_len]);
-        at += payload_len;
-        buf[at..at + pad].fill(0);
-        at += pad;
-        let crc = icrc::compute_masked(&buf[l3_at..at]);
-        icrc::unmask(&mut buf[l3_at..], variant);
-        buf[at..at + icrc::ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
-        Ok(total)
+        Ok((l3_at, at, variant))
     }
 
     fn check_headers(&self, info: &OpcodeInfo, payload_len: usize) -> Result<()> {
