@@ -56,6 +56,14 @@ fn be16(b: &[u8], at: usize) -> Option<u16> {
 /// Parses an Ethernet (optionally one VLAN tag) / IPv4 or IPv6 / UDP frame.
 /// IPv6 extension headers and IPv4 fragments are refused (RoCE uses neither).
 pub fn parse_udp(frame: &[u8]) -> Result<FrameInfo, NicError> {
+    parse_udp_of(frame, frame.len())
+}
+
+/// [`parse_udp`] for a frame of `len` bytes of which only the first part,
+/// `head` (at least up to the UDP header), is at hand: a gathered frame
+/// whose payload lies elsewhere.
+pub fn parse_udp_of(head: &[u8], len: usize) -> Result<FrameInfo, NicError> {
+    let frame = head;
     let mut off = ETH_HLEN;
     let mut ethertype =
         be16(frame, 12).ok_or(NicError::Malformed("shorter than Ethernet header"))?;
@@ -126,7 +134,7 @@ pub fn parse_udp(frame: &[u8]) -> Result<FrameInfo, NicError> {
     let dport = u16::from_be_bytes([udp[2], udp[3]]);
     let ulen = usize::from(u16::from_be_bytes([udp[4], udp[5]]));
     let payload_offset = udp_off + UDP_HLEN;
-    let avail = frame.len() - payload_offset;
+    let avail = len.saturating_sub(payload_offset);
     if ulen < UDP_HLEN || ulen - UDP_HLEN > avail {
         return Err(NicError::Malformed("UDP length disagrees with the frame"));
     }

@@ -158,6 +158,38 @@ impl IdRecovery {
         self.change_id(l3, id, false)
     }
 
+    /// [`IdRecovery::set_id_of_valid`] for a packet in pieces: `head` is its
+    /// start (IPv4 header, UDP header and BTH at least), `len` its whole
+    /// length with the ICRC, and `icrc` its last 4 bytes. The bytes between
+    /// are not needed: the change to the ICRC depends only on the length.
+    pub fn set_id_of_valid_split(
+        &mut self,
+        head: &mut [u8],
+        len: usize,
+        icrc: &mut [u8],
+        id: u16,
+    ) -> bool {
+        if !is_plain_ipv4(head) || len < IPV4_HLEN + icrc::ICRC_LEN || icrc.len() != 4 {
+            return false;
+        }
+        let Some(cur) = id_of(head) else {
+            return false;
+        };
+        if cur == id {
+            return true;
+        }
+        let mut rx = [0u8; 4];
+        rx.copy_from_slice(icrc);
+        let end = len - icrc::ICRC_LEN;
+        let Some(solver) = self.solver_for_len(end) else {
+            return false;
+        };
+        let crc = u32::from_le_bytes(rx) ^ solver.delta(cur ^ id);
+        write_id(head, id);
+        icrc.copy_from_slice(&crc.to_le_bytes());
+        true
+    }
+
     fn change_id(&mut self, l3: &mut [u8], id: u16, check: bool) -> bool {
         if !is_plain_ipv4(l3) || l3.len() < IPV4_HLEN + icrc::ICRC_LEN {
             return false;
@@ -214,6 +246,18 @@ impl IdRecovery {
 
     /// The solver for packets of `l3`'s length (built from `l3` itself: the columns do not
     /// depend on the contents; its ID bytes are restored).
+    /// The solver for packets of `end` bytes before the ICRC. The CRC is
+    /// affine, so an ID's effect depends on the length alone: the columns
+    /// are found on a stand-in packet of zeros shaped as RoCE over IPv4.
+    fn solver_for_len(&mut self, end: usize) -> Option<&Solver> {
+        if !self.solvers.iter().any(|s| s.len == end) {
+            let mut stand_in = vec![0u8; end.max(IPV4_HLEN + 8 + 12)];
+            stand_in[0] = 0x45;
+            return self.solver(&mut stand_in, end);
+        }
+        self.solver(&mut [], end)
+    }
+
     fn solver(&mut self, l3: &mut [u8], end: usize) -> Option<&Solver> {
         if let Some(i) = self.solvers.iter().position(|s| s.len == end) {
             // Most recently used first.
@@ -328,6 +372,25 @@ mod tests {
         let want = icrc::compute(&fake[..end], false).unwrap();
         assert_ne!(fake[end..], want.to_le_bytes());
         assert_eq!(id_of(&fake), Some(3));
+    }
+
+    #[test]
+    fn set_id_of_valid_split_matches_the_whole_packet() {
+        // A fresh recovery each time, so the split one builds its own solver.
+        for id in [1u16, 2, 63, 0xfffe] {
+            let mut whole = packet(0);
+            assert!(IdRecovery::default().set_id_of_valid(&mut whole, id));
+            let mut parts = packet(0);
+            let len = parts.len();
+            let (head, rest) = parts.split_at_mut(48);
+            let at = rest.len() - 4;
+            let icrc = &mut rest[at..];
+            assert!(IdRecovery::default().set_id_of_valid_split(head, len, icrc, id));
+            assert_eq!(parts, whole, "id {id}");
+        }
+        let mut v6 = vec![0x60u8; 80];
+        let mut t = [0u8; 4];
+        assert!(!IdRecovery::default().set_id_of_valid_split(&mut v6, 84, &mut t, 1));
     }
 
     #[test]

@@ -155,6 +155,41 @@ pub type RxSink<'a> = dyn FnMut(&[u8]) + 'a;
 /// more to send (the slot is then given back unused).
 pub type TxFill<'a> = dyn FnMut(&mut [u8]) -> Option<usize> + 'a;
 
+/// Where a gathered frame's payload lies: a reference only the frame's
+/// [`TxSource`] can resolve (for ferroce's core: a memory region's local key
+/// and an offset in it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PayloadRef {
+    pub key: u32,
+    pub offset: u64,
+    pub len: usize,
+}
+
+/// A frame [`TxSource::fill`] wrote in two parts around a payload left where
+/// it lies: on the wire it is `buf[..head]`, the payload, `buf[head..head +
+/// tail]`. Without a payload it is `buf[..head]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GatherFrame {
+    pub head: usize,
+    pub tail: usize,
+    pub payload: Option<PayloadRef>,
+}
+
+/// Where [`PacketIo::transmit_gather`] takes frames from.
+pub trait TxSource {
+    /// Write the next frame into `buf` (at least [`PacketIo::max_frame_len`]
+    /// bytes), or `None` when there is nothing more to send.
+    fn fill(&mut self, buf: &mut [u8]) -> Option<GatherFrame>;
+    /// The bytes of a payload `fill` returned. They stay valid and unchanged
+    /// until `fill` is called again: a backend resolves the payloads of the
+    /// frames it holds only after its last `fill` call for them, and hands
+    /// them to the kernel before the next.
+    fn payload(&self, p: &PayloadRef) -> Option<&[u8]>;
+}
+
+/// Longest tail (pad and ICRC) a gathered frame may have.
+const MAX_GATHER_TAIL: usize = 16;
+
 /// A packet engine: batches of whole Ethernet frames in and out.
 ///
 /// Frames are Ethernet / IPv4 or IPv6 / UDP / payload, as on the wire, without
@@ -195,6 +230,21 @@ pub trait PacketIo: Send {
     /// A file descriptor that polls readable (`POLLIN`/`EPOLLIN`) when frames
     /// may be waiting. Level-triggered; spurious wake-ups are possible.
     fn poll_fd(&self) -> RawFd;
+
+    /// Whether [`PacketIo::transmit_gather`] sends payloads from where they
+    /// lie (the UDP socket's scatter/gather send). Otherwise it joins each
+    /// frame in its TX slot, which is no better than `transmit`.
+    fn gathers(&self) -> bool {
+        false
+    }
+
+    /// [`PacketIo::transmit`] for frames whose payload may stay where it
+    /// lies (see [`TxSource`]). This default joins each frame in its TX slot
+    /// (one copy of the payload, as `transmit`); a frame that does not fit
+    /// is dropped and counted.
+    fn transmit_gather(&mut self, max: usize, src: &mut dyn TxSource) -> Result<usize, NicError> {
+        transmit_joined(self, max, src)
+    }
 
     /// Busy-poll mode for latency runs: the backend may spin in the kernel
     /// (SO_BUSY_POLL, XDP_USE_NEED_WAKEUP off, ...) instead of sleeping. The
@@ -260,12 +310,49 @@ impl<T: PacketIo + ?Sized> PacketIo for Box<T> {
     fn poll_fd(&self) -> RawFd {
         (**self).poll_fd()
     }
+    fn gathers(&self) -> bool {
+        (**self).gathers()
+    }
+    fn transmit_gather(&mut self, max: usize, src: &mut dyn TxSource) -> Result<usize, NicError> {
+        (**self).transmit_gather(max, src)
+    }
     fn set_busy_poll(&mut self, on: bool) -> Result<(), NicError> {
         (**self).set_busy_poll(on)
     }
     fn stats(&self) -> Stats {
         (**self).stats()
     }
+}
+
+/// [`PacketIo::transmit_gather`] for a backend that does not gather: each
+/// frame is joined in its TX slot (one copy of the payload, as `transmit`);
+/// a frame that does not fit is dropped and counted.
+pub fn transmit_joined<P: PacketIo + ?Sized>(
+    io: &mut P,
+    max: usize,
+    src: &mut dyn TxSource,
+) -> Result<usize, NicError> {
+    io.transmit(max, &mut |buf: &mut [u8]| {
+        let f = src.fill(buf)?;
+        let Some(p) = f.payload else {
+            return Some(f.head);
+        };
+        let end = f.head + p.len + f.tail;
+        let mut tail = [0u8; MAX_GATHER_TAIL];
+        let (Some(t), Some(bytes)) = (
+            buf.get(f.head..f.head + f.tail)
+                .filter(|t| t.len() <= MAX_GATHER_TAIL),
+            src.payload(&p)
+                .filter(|b| b.len() == p.len && end <= buf.len()),
+        ) else {
+            // Not a frame: the backend drops an empty one and counts it.
+            return Some(0);
+        };
+        tail[..f.tail].copy_from_slice(t);
+        buf[f.head..f.head + p.len].copy_from_slice(bytes);
+        buf[f.head + p.len..end].copy_from_slice(&tail[..f.tail]);
+        Some(end)
+    })
 }
 
 /// Is this process root? Tests that need CAP_NET_ADMIN skip without it.

@@ -38,7 +38,7 @@ use std::time::Duration;
 use crate::frame::{self, HeaderSpec};
 use crate::ipv4_id::{self, IdRecovery};
 use crate::sys;
-use crate::{NicError, PacketIo, RxSink, Stats, TxFill};
+use crate::{NicError, PacketIo, PayloadRef, RxSink, Stats, TxFill, TxSource};
 
 // asm-generic/socket.h (x86-64 and arm64 use the generic values).
 const SO_SNDBUFFORCE: libc::c_int = 32;
@@ -85,6 +85,10 @@ pub struct UdpConfig {
     /// updates the ICRC without checking it first, one CRC pass less per
     /// frame. Off by default, so other payloads pass through unchanged.
     pub tx_icrc_valid: bool,
+    /// `transmit_gather` sends payloads from where the source keeps them
+    /// (scatter/gather sendmsg), so the kernel's copy is the only one. On
+    /// by default; off, it joins each frame in the arena first, as `transmit`.
+    pub gather: bool,
 }
 
 impl UdpConfig {
@@ -101,6 +105,7 @@ impl UdpConfig {
             socket_buffer: 8 << 20,
             mac: frame::mac_for_ip(bind.ip()),
             tx_icrc_valid: false,
+            gather: true,
         }
     }
 }
@@ -189,6 +194,8 @@ struct TxMsg {
     control: [u64; CMSG_ROOM / 8],
     // UDP_SEGMENT size of this message (0 = one datagram).
     seg: usize,
+    // Bytes in the message (all its iovecs).
+    len: usize,
 }
 
 /// What the kernel said about one received datagram.
@@ -217,6 +224,11 @@ pub struct UdpIo {
     tx_arena: Vec<u8>,
     // Header length of the last frame sent: where the next one is placed.
     tx_hlen: usize,
+    // transmit_gather's frames and messages, and the iovecs of a batch.
+    gather_frames: Vec<GatherPiece>,
+    gather_runs: Vec<GatherRun>,
+    gather_spans: Vec<(usize, usize)>,
+    tx_iov: Vec<libc::iovec>,
     stats: Stats,
     kernel_drops: u32,
     // Frames per message in the last receive (GRO), to size the next one.
@@ -266,6 +278,7 @@ fn new_tx_msg() -> Box<TxMsg> {
         },
         control: [0; CMSG_ROOM / 8],
         seg: 0,
+        len: 0,
     })
 }
 
@@ -382,6 +395,10 @@ impl UdpIo {
             // MAX_DGRAM bytes) fit in any batch of frames that can carry them.
             tx_arena: vec![0u8; HEADROOM + cfg.batch * cfg.max_frame_len],
             tx_hlen: frame::header_len(false),
+            gather_frames: Vec::with_capacity(cfg.batch * GSO_MAX_SEGS),
+            gather_runs: Vec::with_capacity(cfg.batch),
+            gather_spans: Vec::with_capacity(cfg.batch),
+            tx_iov: Vec::with_capacity(cfg.batch * (2 * GSO_MAX_SEGS + 1)),
             stats: Stats::default(),
             kernel_drops: 0,
             rx_frames_per_msg: 1,
@@ -714,6 +731,27 @@ impl UdpIo {
     }
 }
 
+/// Appends `len` bytes at `p` to a message's iovecs (those from `start`
+/// on), extending the last one when they follow it (a tail and the next
+/// frame's head).
+fn push_iov(iov: &mut Vec<libc::iovec>, start: usize, p: *mut u8, len: usize) {
+    if len == 0 {
+        return;
+    }
+    if iov.len() > start {
+        if let Some(last) = iov.last_mut() {
+            if last.iov_base.cast::<u8>().wrapping_add(last.iov_len) == p {
+                last.iov_len += len;
+                return;
+            }
+        }
+    }
+    iov.push(libc::iovec {
+        iov_base: p.cast(),
+        iov_len: len,
+    });
+}
+
 /// The destination in the socket's family (v4 peers on a v6 socket go
 /// v4-mapped); None for a v6 peer on a v4 socket.
 fn socket_dst(v6_socket: bool, dst: SocketAddr) -> Option<SocketAddr> {
@@ -729,7 +767,7 @@ fn socket_dst(v6_socket: bool, dst: SocketAddr) -> Option<SocketAddr> {
 
 /// (segments, synthetic frame bytes) a prepared send carries.
 fn tx_segments(slot: &TxMsg) -> (usize, usize) {
-    let total = slot.iov.iov_len;
+    let total = slot.len;
     let hl = frame::header_len(libc::c_int::from(slot.name.ss_family) == libc::AF_INET6);
     if slot.seg == 0 || slot.seg >= total {
         return (1, total + hl);
@@ -754,6 +792,30 @@ fn local_addr(fd: RawFd) -> Result<SocketAddr, NicError> {
     from_sockaddr(&ss).ok_or(NicError::Malformed(
         "getsockname returned an unknown family",
     ))
+}
+
+/// A gathered frame's UDP payload in the TX arena: its head part (BTH and
+/// extension headers) at `at`, its tail (pad, ICRC) right after, and the
+/// payload between them where the source keeps it.
+#[derive(Debug, Clone, Copy)]
+struct GatherPiece {
+    at: usize,
+    head: usize,
+    payload: Option<PayloadRef>,
+    tail: usize,
+}
+
+/// A message of gathered frames: `frames` pieces from `first` on.
+#[derive(Debug, Clone, Copy)]
+struct GatherRun {
+    dst: SocketAddr,
+    tos: u8,
+    seg: usize,
+    len: usize,
+    segs: usize,
+    closed: bool,
+    first: usize,
+    frames: usize,
 }
 
 /// An outgoing message being assembled (maybe several GSO segments).
@@ -916,6 +978,154 @@ impl PacketIo for UdpIo {
         Ok(taken)
     }
 
+    fn gathers(&self) -> bool {
+        self.cfg.gather
+    }
+
+    /// As `transmit`, except that a frame's payload is not in the arena: its
+    /// head part and tail are, and each message is a list of iovecs (head,
+    /// payload where the source keeps it, tail + the next frame's head, ...),
+    /// so the kernel's copy into its buffers is the payload's only one. The
+    /// source's payloads are resolved once the batch is filled, right before
+    /// it is sent.
+    fn transmit_gather(&mut self, max: usize, src: &mut dyn TxSource) -> Result<usize, NicError> {
+        if !self.cfg.gather {
+            return crate::transmit_joined(self, max, src);
+        }
+        let mut taken = 0;
+        let max_frame = self.cfg.max_frame_len;
+        self.gather_frames.clear();
+        self.gather_runs.clear();
+        let mut run: Option<GatherRun> = None;
+        let mut pos = HEADROOM;
+        while taken < max {
+            // Full: the arena, or every message slot (the open one counted).
+            if pos + max_frame > self.tx_arena.len()
+                || self.gather_runs.len() + usize::from(run.is_some()) >= self.tx_slots.len()
+            {
+                self.gather_runs.extend(run.take());
+                self.flush_gathered(src)?;
+                pos = HEADROOM;
+            }
+            let guess = self.tx_hlen;
+            let at = pos - guess;
+            let mut saved = [0u8; HEADROOM];
+            saved[..guess].copy_from_slice(&self.tx_arena[at..pos]);
+            let Some(f) = src.fill(&mut self.tx_arena[at..at + max_frame]) else {
+                self.tx_arena[at..pos].copy_from_slice(&saved[..guess]);
+                break;
+            };
+            taken += 1;
+            let in_arena = f.head + f.tail;
+            let total = f.head + f.payload.map_or(0, |p| p.len) + f.tail;
+            let info = match self.tx_arena.get(at..at + f.head) {
+                Some(h) if in_arena <= max_frame && total <= max_frame => {
+                    frame::parse_udp_of(h, total).ok()
+                }
+                _ => None,
+            };
+            let dst = info.and_then(|i| socket_dst(self.v6_socket, i.dst));
+            let (Some(info), Some(dst)) = (info, dst) else {
+                self.tx_arena[at..pos].copy_from_slice(&saved[..guess]);
+                self.stats.tx_dropped += 1;
+                continue;
+            };
+            let (hl, plen) = (info.payload_offset, info.payload_len);
+            if plen + hl != total || hl > f.head {
+                self.tx_arena[at..pos].copy_from_slice(&saved[..guess]);
+                self.stats.tx_dropped += 1;
+                continue;
+            }
+            let frame_at = if hl == guess {
+                at
+            } else {
+                self.tx_arena.copy_within(at..at + in_arena, pos);
+                self.tx_arena[at..pos].copy_from_slice(&saved[..guess]);
+                if hl <= HEADROOM {
+                    self.tx_hlen = hl;
+                }
+                pos
+            };
+            let appendable = match &run {
+                Some(r) if self.gso && !r.closed && r.dst == dst && r.tos == info.tos => {
+                    plen > 0 && plen <= r.seg && r.len + plen <= MAX_DGRAM && r.segs < GSO_MAX_SEGS
+                }
+                _ => false,
+            };
+            if info.dst.is_ipv4() {
+                // The kernel gives segment k of a send the IPv4 ID k (crate::ipv4_id).
+                let k = match &run {
+                    Some(r) if appendable => r.segs as u16,
+                    _ => 0,
+                };
+                // A frame that is not RoCE keeps its ID (as in `transmit`).
+                if let Some(l3) = hl.checked_sub(IPV4_UDP_HLEN) {
+                    let end = frame_at + in_arena;
+                    match f.payload {
+                        // Frames split by the source are the core's, ICRC right.
+                        Some(_) => {
+                            let (head, tail) =
+                                self.tx_arena[frame_at + l3..end].split_at_mut(f.head - l3);
+                            let icrc_at = tail.len().saturating_sub(4);
+                            if ipv4_id::id_of(head) != Some(k) {
+                                self.ids.set_id_of_valid_split(
+                                    head,
+                                    total - l3,
+                                    &mut tail[icrc_at..],
+                                    k,
+                                );
+                            }
+                        }
+                        None => {
+                            let pkt = &mut self.tx_arena[frame_at + l3..end];
+                            if ipv4_id::id_of(pkt) != Some(k) {
+                                if self.cfg.tx_icrc_valid {
+                                    self.ids.set_id_of_valid(pkt, k);
+                                } else {
+                                    self.ids.set_id(pkt, k);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            if frame_at == at {
+                self.tx_arena[at..pos].copy_from_slice(&saved[..guess]);
+            }
+            let p = frame_at + hl;
+            self.gather_frames.push(GatherPiece {
+                at: p,
+                head: f.head - hl,
+                payload: f.payload,
+                tail: f.tail,
+            });
+            pos = frame_at + in_arena;
+            if appendable {
+                if let Some(r) = run.as_mut() {
+                    r.len += plen;
+                    r.segs += 1;
+                    r.frames += 1;
+                    r.closed = plen < r.seg;
+                }
+                continue;
+            }
+            self.gather_runs.extend(run.take());
+            run = Some(GatherRun {
+                dst,
+                tos: info.tos,
+                seg: plen,
+                len: plen,
+                segs: 1,
+                closed: plen == 0,
+                first: self.gather_frames.len() - 1,
+                frames: 1,
+            });
+        }
+        self.gather_runs.extend(run.take());
+        self.flush_gathered(src)?;
+        Ok(taken)
+    }
+
     fn poll_fd(&self) -> RawFd {
         self.sock.as_raw_fd()
     }
@@ -940,20 +1150,39 @@ impl PacketIo for UdpIo {
 impl UdpIo {
     /// Fills in message header `i` for the assembled run.
     fn seal(&mut self, i: usize, r: &Run) {
+        let base = self.tx_arena[r.start..].as_mut_ptr().cast();
+        let Some(slot) = self.tx_slots.get_mut(i) else {
+            return;
+        };
+        // The payload stays in the arena (not moved or reused) until flush_tx has sent it.
+        slot.iov.iov_base = base;
+        slot.iov.iov_len = r.len;
+        let iov: *mut libc::iovec = &mut slot.iov;
+        self.seal_msg(i, (r.dst, r.tos), (r.seg, r.segs), r.len, (iov, 1));
+    }
+
+    /// Fills in message header `i`: to `dst` with ToS `tos`, `segs` segments
+    /// of `seg` bytes (the last maybe shorter), `len` bytes in `iovs`.
+    fn seal_msg(
+        &mut self,
+        i: usize,
+        (dst, tos): (SocketAddr, u8),
+        (seg, segs): (usize, usize),
+        len: usize,
+        iovs: (*mut libc::iovec, usize),
+    ) {
         let (Some(slot), Some(h)) = (self.tx_slots.get_mut(i), self.tx_hdrs.get_mut(i)) else {
             return;
         };
-        let (ss, len) = to_sockaddr(&r.dst);
+        let (ss, namelen) = to_sockaddr(&dst);
         slot.name = ss;
-        // The payload stays in the arena (not moved or reused) until flush_tx has sent it.
-        slot.iov.iov_base = self.tx_arena[r.start..].as_mut_ptr().cast();
-        slot.iov.iov_len = r.len;
+        slot.len = len;
         h.msg_hdr.msg_name = (&mut slot.name as *mut libc::sockaddr_storage).cast();
-        h.msg_hdr.msg_namelen = len;
-        h.msg_hdr.msg_iov = &mut slot.iov;
-        h.msg_hdr.msg_iovlen = 1;
+        h.msg_hdr.msg_namelen = namelen;
+        h.msg_hdr.msg_iov = iovs.0;
+        h.msg_hdr.msg_iovlen = iovs.1 as _;
         h.msg_hdr.msg_flags = 0;
-        slot.seg = if r.segs > 1 { r.seg } else { 0 };
+        slot.seg = if segs > 1 { seg } else { 0 };
         let mut used = 0usize;
         let ctl = slot.control.as_mut_ptr().cast::<u8>();
         h.msg_hdr.msg_control = ctl.cast();
@@ -962,15 +1191,15 @@ impl UdpIo {
         // most two small cmsgs (UDP_SEGMENT u16, TOS int), well within it.
         unsafe {
             let mut c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
-            if r.segs > 1 && !c.is_null() {
+            if segs > 1 && !c.is_null() {
                 (*c).cmsg_level = libc::SOL_UDP;
                 (*c).cmsg_type = UDP_SEGMENT;
                 (*c).cmsg_len = libc::CMSG_LEN(2) as _;
-                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), r.seg as u16);
+                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg as u16);
                 used += libc::CMSG_SPACE(2) as usize;
                 c = libc::CMSG_NXTHDR(&h.msg_hdr, c);
             }
-            if r.tos != 0 && !c.is_null() {
+            if tos != 0 && !c.is_null() {
                 let (level, ty) = if self.v6_socket {
                     (libc::IPPROTO_IPV6, libc::IPV6_TCLASS)
                 } else {
@@ -981,7 +1210,7 @@ impl UdpIo {
                 (*c).cmsg_len = libc::CMSG_LEN(4) as _;
                 std::ptr::write_unaligned(
                     libc::CMSG_DATA(c).cast::<libc::c_int>(),
-                    libc::c_int::from(r.tos),
+                    libc::c_int::from(tos),
                 );
                 used += libc::CMSG_SPACE(4) as usize;
             }
@@ -990,6 +1219,67 @@ impl UdpIo {
         if used == 0 {
             h.msg_hdr.msg_control = std::ptr::null_mut();
         }
+    }
+
+    /// Sends the gathered messages: their iovecs first (all of them, so the
+    /// vector does not move under the headers that point into it), then the
+    /// headers. A message with a payload its source no longer has is dropped
+    /// whole (the transport retransmits it).
+    fn flush_gathered(&mut self, src: &dyn TxSource) -> Result<(), NicError> {
+        self.tx_iov.clear();
+        let mut spans = std::mem::take(&mut self.gather_spans);
+        spans.clear();
+        let base = self.tx_arena.as_mut_ptr();
+        for r in &self.gather_runs {
+            let start = self.tx_iov.len();
+            let mut ok = true;
+            for g in self.gather_frames.iter().skip(r.first).take(r.frames) {
+                push_iov(&mut self.tx_iov, start, base.wrapping_add(g.at), g.head);
+                if let Some(pr) = &g.payload {
+                    match src.payload(pr).filter(|b| b.len() == pr.len) {
+                        Some(b) => self.tx_iov.push(libc::iovec {
+                            // The kernel only reads through it (sendmsg).
+                            iov_base: b.as_ptr().cast_mut().cast(),
+                            iov_len: b.len(),
+                        }),
+                        None => ok = false,
+                    }
+                }
+                push_iov(
+                    &mut self.tx_iov,
+                    start,
+                    base.wrapping_add(g.at + g.head),
+                    g.tail,
+                );
+            }
+            if ok {
+                spans.push((start, self.tx_iov.len() - start));
+            } else {
+                self.tx_iov.truncate(start);
+                self.stats.tx_dropped += r.segs as u64;
+                spans.push((0, 0));
+            }
+        }
+        let runs = std::mem::take(&mut self.gather_runs);
+        let mut msgs = 0;
+        for (r, &(start, n)) in runs.iter().zip(&spans) {
+            if n == 0 {
+                continue;
+            }
+            let iov = self.tx_iov[start..].as_mut_ptr();
+            self.seal_msg(msgs, (r.dst, r.tos), (r.seg, r.segs), r.len, (iov, n));
+            msgs += 1;
+        }
+        self.gather_runs = runs;
+        self.gather_runs.clear();
+        self.gather_spans = spans;
+        self.gather_frames.clear();
+        if msgs > 0 {
+            // The payload iovecs point into `src`, which nothing can change
+            // before this returns (we only hold it shared).
+            self.flush_tx(msgs)?;
+        }
+        Ok(())
     }
 
     fn recv_uring(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {

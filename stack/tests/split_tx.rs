@@ -12,7 +12,16 @@ fn frames(split: bool) -> (Vec<Vec<u8>>, usize) {
     p.write_mem(0, 0, &data);
     let (va, rkey) = p.remote(1, 0);
     let one = p.sge(0, 0, data.len() as u32);
-    p.post(0, 1, SendOp::RdmaWrite { remote_addr: va, rkey }, &[one]).unwrap();
+    p.post(
+        0,
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: va,
+            rkey,
+        },
+        &[one],
+    )
+    .unwrap();
     // Two SGEs: the packet across them is copied, the others may be split.
     let two = [p.sge(0, 10, 5000), p.sge(0, 40_000, 3000)];
     p.post(0, 2, SendOp::Send, &two).unwrap();
@@ -29,7 +38,9 @@ fn frames(split: bool) -> (Vec<Vec<u8>>, usize) {
     let (mut out, mut in_place) = (Vec::new(), 0);
     loop {
         if split {
-            let Some(s) = core.poll_transmit_split(now, &mut buf) else { break };
+            let Some(s) = core.poll_transmit_split(now, &mut buf) else {
+                break;
+            };
             let mut f = buf[..s.head].to_vec();
             if let Some(pl) = s.payload {
                 in_place += 1;
@@ -38,7 +49,9 @@ fn frames(split: bool) -> (Vec<Vec<u8>>, usize) {
             }
             out.push(f);
         } else {
-            let Some(n) = core.poll_transmit(now, &mut buf) else { break };
+            let Some(n) = core.poll_transmit(now, &mut buf) else {
+                break;
+            };
             out.push(buf[..n].to_vec());
         }
     }

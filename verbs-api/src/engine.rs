@@ -76,6 +76,20 @@ impl Inner {
     /// Let the core fill TX slots until it has nothing more (or the ring is full).
     pub fn flush_tx(&mut self, now: Instant) -> Result<usize, ferroce_nic::NicError> {
         let mut sent = 0;
+        if self.io.gathers() {
+            let mut src = CoreSource {
+                core: &mut self.core,
+                now,
+            };
+            while sent < STEP_LIMIT {
+                let n = self.io.transmit_gather(BATCH, &mut src)?;
+                sent += n;
+                if n < BATCH {
+                    break;
+                }
+            }
+            return Ok(sent);
+        }
         let core = &mut self.core;
         while sent < STEP_LIMIT {
             let n = self
@@ -129,6 +143,36 @@ impl Inner {
             Some(t) => t.saturating_duration_since(now).min(MAX_IDLE_SLEEP),
             None => MAX_IDLE_SLEEP,
         }
+    }
+}
+
+/// The core as a gathering backend's frame source: request payloads stay in
+/// their memory regions and the kernel copies them from there.
+struct CoreSource<'a> {
+    core: &'a mut Core,
+    now: Instant,
+}
+
+impl ferroce_nic::TxSource for CoreSource<'_> {
+    fn fill(&mut self, buf: &mut [u8]) -> Option<ferroce_nic::GatherFrame> {
+        let s = self.core.poll_transmit_split(self.now, buf)?;
+        Some(ferroce_nic::GatherFrame {
+            head: s.head,
+            tail: s.tail,
+            payload: s.payload.map(|p| ferroce_nic::PayloadRef {
+                key: p.lkey,
+                offset: p.offset,
+                len: p.len,
+            }),
+        })
+    }
+
+    fn payload(&self, p: &ferroce_nic::PayloadRef) -> Option<&[u8]> {
+        self.core.tx_payload(&ferroce_stack::transport::TxPayload {
+            lkey: p.key,
+            offset: p.offset,
+            len: p.len,
+        })
     }
 }
 
