@@ -218,19 +218,20 @@ impl IdRecovery {
 
     /// `l3` (IPv4 header to the end of the ICRC) arrived with its Identification unknown and
     /// set to 0: finds the ID that makes the ICRC right and writes it (with the header checksum).
-    pub fn fix(&mut self, l3: &mut [u8]) {
+    /// Returns whether the ICRC is now right: then there is no need to check it again.
+    pub fn fix(&mut self, l3: &mut [u8]) -> bool {
         if !is_plain_ipv4(l3) || l3.len() < IPV4_HLEN + icrc::ICRC_LEN {
-            return;
+            return false;
         }
         let end = l3.len() - icrc::ICRC_LEN;
         let mut rx = [0u8; 4];
         rx.copy_from_slice(&l3[end..]);
         let received = u32::from_le_bytes(rx);
         let Some(at_zero) = icrc::compute(&l3[..end], false) else {
-            return;
+            return false;
         };
         if at_zero == received {
-            return;
+            return true;
         }
         match self
             .solver(l3, end)
@@ -239,13 +240,15 @@ impl IdRecovery {
             Some(id) => {
                 write_id(l3, id);
                 self.recovered += 1;
+                true
             }
-            None => self.unexplained += 1,
+            None => {
+                self.unexplained += 1;
+                false
+            }
         }
     }
 
-    /// The solver for packets of `l3`'s length (built from `l3` itself: the columns do not
-    /// depend on the contents; its ID bytes are restored).
     /// The solver for packets of `end` bytes before the ICRC. The CRC is
     /// affine, so an ID's effect depends on the length alone: the columns
     /// are found on a stand-in packet of zeros shaped as RoCE over IPv4.
@@ -258,6 +261,8 @@ impl IdRecovery {
         self.solver(&mut [], end)
     }
 
+    /// The solver for packets of `l3`'s length (built from `l3` itself: the columns do not
+    /// depend on the contents; its ID bytes are restored).
     fn solver(&mut self, l3: &mut [u8], end: usize) -> Option<&Solver> {
         if let Some(i) = self.solvers.iter().position(|s| s.len == end) {
             // Most recently used first.

@@ -150,6 +150,9 @@ impl Stats {
 
 /// The callback `recv` lends each received frame to.
 pub type RxSink<'a> = dyn FnMut(&[u8]) + 'a;
+/// The callback `recv_checked` lends each received frame to, saying whether
+/// the backend has already verified the frame's RoCE ICRC.
+pub type RxSinkChecked<'a> = dyn FnMut(&[u8], bool) + 'a;
 /// The callback `transmit` asks for each frame: write a whole Ethernet frame
 /// into the buffer and return its length, or `None` when there is nothing
 /// more to send (the slot is then given back unused).
@@ -218,6 +221,18 @@ pub trait PacketIo: Send {
     /// what must outlive the call. Never blocks; returns how many frames were
     /// delivered (0 = nothing waiting).
     fn recv(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError>;
+
+    /// [`PacketIo::recv`], also telling the sink whether the frame's ICRC
+    /// has been verified on the way (the UDP socket backend checks it while
+    /// recovering the IPv4 ID, so the transport need not hash the frame
+    /// again). The default verifies nothing.
+    fn recv_checked(
+        &mut self,
+        max: usize,
+        sink: &mut RxSinkChecked<'_>,
+    ) -> Result<usize, NicError> {
+        self.recv(max, &mut |f: &[u8]| sink(f, false))
+    }
 
     /// Sends up to `max` frames. For each free TX slot the backend calls
     /// `fill` with the slot's memory (at least [`PacketIo::max_frame_len`]
@@ -303,6 +318,13 @@ impl<T: PacketIo + ?Sized> PacketIo for Box<T> {
     }
     fn recv(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {
         (**self).recv(max, sink)
+    }
+    fn recv_checked(
+        &mut self,
+        max: usize,
+        sink: &mut RxSinkChecked<'_>,
+    ) -> Result<usize, NicError> {
+        (**self).recv_checked(max, sink)
     }
     fn transmit(&mut self, max: usize, fill: &mut TxFill<'_>) -> Result<usize, NicError> {
         (**self).transmit(max, fill)

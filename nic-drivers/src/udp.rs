@@ -38,7 +38,7 @@ use std::time::Duration;
 use crate::frame::{self, HeaderSpec};
 use crate::ipv4_id::{self, IdRecovery};
 use crate::sys;
-use crate::{NicError, PacketIo, PayloadRef, RxSink, Stats, TxFill, TxSource};
+use crate::{NicError, PacketIo, PayloadRef, RxSink, RxSinkChecked, Stats, TxFill, TxSource};
 
 // asm-generic/socket.h (x86-64 and arm64 use the generic values).
 const SO_SNDBUFFORCE: libc::c_int = 32;
@@ -508,7 +508,7 @@ impl UdpIo {
     /// No copy: each datagram's headers are written in place just in front of
     /// it, over the tail of the datagram before (already handed to the sink,
     /// which cannot keep it) or into the slot's headroom for the first.
-    fn deliver(&mut self, idx: usize, sink: &mut RxSink<'_>) -> usize {
+    fn deliver(&mut self, idx: usize, sink: &mut RxSinkChecked<'_>) -> usize {
         let meta = self.parse_cmsgs(idx);
         let (Some(h), Some(slot)) = (self.rx_hdrs.get(idx), self.rx_slots.get_mut(idx)) else {
             return 0;
@@ -568,12 +568,12 @@ impl UdpIo {
                         false
                     };
                     if headers {
-                        if !peer.is_ipv6() {
+                        let checked = !peer.is_ipv6() && {
                             // The header says ID 0; make it the ID the sender's ICRC covers.
                             let l3 = frame::header_len(false) - IPV4_UDP_HLEN;
-                            self.ids.fix(&mut f[l3..]);
-                        }
-                        sink(f);
+                            self.ids.fix(&mut f[l3..])
+                        };
+                        sink(f, checked);
                         self.stats.rx_frames += 1;
                         self.stats.rx_bytes += (hl + len) as u64;
                         n += 1;
@@ -591,7 +591,7 @@ impl UdpIo {
         n
     }
 
-    fn recv_mmsg(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {
+    fn recv_mmsg(&mut self, max: usize, sink: &mut RxSinkChecked<'_>) -> Result<usize, NicError> {
         let mut delivered = 0;
         while delivered < max {
             // With GRO one message carries many frames: ask for as many messages as
@@ -845,6 +845,15 @@ impl PacketIo for UdpIo {
     }
 
     fn recv(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {
+        self.recv_checked(max, &mut |f: &[u8], _| sink(f))
+    }
+
+    /// IPv4 frames come out checked: recovering their ID verifies the ICRC.
+    fn recv_checked(
+        &mut self,
+        max: usize,
+        sink: &mut RxSinkChecked<'_>,
+    ) -> Result<usize, NicError> {
         if self.uring.is_some() {
             return self.recv_uring(max, sink);
         }
@@ -1282,7 +1291,7 @@ impl UdpIo {
         Ok(())
     }
 
-    fn recv_uring(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {
+    fn recv_uring(&mut self, max: usize, sink: &mut RxSinkChecked<'_>) -> Result<usize, NicError> {
         // Adaptive depth: every submitted RecvMsg costs ~1 µs even when it
         // finds nothing, so submit about as many as the last call filled.
         let want = max.min(self.rx_hdrs.len()).min(self.uring_depth).max(1);

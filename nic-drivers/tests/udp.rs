@@ -460,3 +460,58 @@ fn gathered_frames_arrive_whole() {
         assert_eq!(tx.stats().tx_frames, frames.len() as u64);
     }
 }
+
+/// Received IPv4 RoCE frames come out ICRC-verified (recovering the ID
+/// checks it); a corrupted one, IPv6 ones and non-RoCE ones do not.
+#[test]
+fn recv_checked_flags_only_frames_whose_icrc_was_verified() {
+    for addr in ["127.0.0.1:0", "[::1]:0"] {
+        let mut tx = open(addr, |c| c.tx_icrc_valid = true);
+        let mut rx = open(addr, |_| {});
+        let spec = HeaderSpec {
+            dst_mac: rx.mac(),
+            src_mac: tx.mac(),
+            src: tx.local_addr(),
+            dst: rx.local_addr(),
+            tos: 0,
+            ttl: 64,
+        };
+        let v6 = spec.src.is_ipv6();
+        let mut frames: Vec<Vec<u8>> = (0..20u8)
+            .map(|i| {
+                let mut p = vec![0x07, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, i];
+                p.extend((0..1024u32).map(|j| (j as u8) ^ i));
+                p.extend_from_slice(&[0; 4]);
+                let mut f = build_udp_frame(&spec, &p).unwrap();
+                let end = f.len() - 4;
+                let crc = ferroce_stack::wire::icrc::compute(&f[14..end], v6).unwrap();
+                f[end..].copy_from_slice(&crc.to_le_bytes());
+                f
+            })
+            .collect();
+        // A flipped payload bit, sent alone (so no GSO ID is in play).
+        let bad = frames.len() - 1;
+        let at = frames[bad].len() - 100;
+        frames[bad][at] ^= 0x10;
+        let refs: Vec<&[u8]> = frames[..bad].iter().map(|f| f.as_slice()).collect();
+        assert_eq!(tx.send_frames(&refs).unwrap(), bad);
+        assert_eq!(tx.send_frames(&[&frames[bad]]).unwrap(), 1);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut flags = Vec::new();
+        while flags.len() < frames.len() && Instant::now() < deadline {
+            let n = rx
+                .recv_checked(64, &mut |_: &[u8], ok| flags.push(ok))
+                .unwrap();
+            if n == 0 {
+                rx.wait(Some(Duration::from_millis(50))).unwrap();
+            }
+        }
+        assert_eq!(flags.len(), frames.len(), "{addr}");
+        if v6 {
+            assert!(flags.iter().all(|ok| !ok), "IPv6: the stack checks");
+        } else {
+            assert!(flags[..bad].iter().all(|ok| *ok), "{flags:?}");
+            assert!(!flags[bad], "the corrupted frame is left to the stack");
+        }
+    }
+}

@@ -109,9 +109,9 @@ impl Inner {
         let mut moved = 0;
         let core = &mut self.core;
         while moved < STEP_LIMIT {
-            let n = self
-                .io
-                .recv(BATCH, &mut |f: &[u8]| core.handle_frame(now, f))?;
+            let n = self.io.recv_checked(BATCH, &mut |f: &[u8], verified| {
+                core.handle_frame_checked(now, f, verified)
+            })?;
             moved += n;
             if n < BATCH {
                 break;

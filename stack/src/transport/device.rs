@@ -709,10 +709,20 @@ impl Core {
 
     /// A frame from the network. Malformed frames are counted and dropped.
     pub fn handle_frame(&mut self, now: Instant, frame: &[u8]) {
+        self.handle_frame_checked(now, frame, false);
+    }
+
+    /// [`Core::handle_frame`] for a frame whose ICRC the backend may have
+    /// verified already (`icrc_verified`): then it is not hashed again.
+    pub fn handle_frame_checked(&mut self, now: Instant, frame: &[u8], icrc_verified: bool) {
         self.stats.rx_frames += 1;
         // Borrowed out of the result, not moved: the parsed packet is a few
         // hundred bytes and the move showed in profiles.
-        let parsed = ParsedPacket::parse_cached(frame, &mut self.icrc_prefix);
+        let parsed = if icrc_verified {
+            ParsedPacket::parse_icrc_verified(frame)
+        } else {
+            ParsedPacket::parse_cached(frame, &mut self.icrc_prefix)
+        };
         let pkt = match &parsed {
             Ok(p) => p,
             Err(e) => {

@@ -540,6 +540,16 @@ impl<'a> ParsedPacket<'a> {
         parse_transport(frame, f, received)
     }
 
+    /// [`ParsedPacket::parse`] for a frame whose ICRC its receiver has
+    /// already verified (the UDP socket backend does, recovering the IPv4
+    /// ID): every check but that one, and no pass over the payload.
+    #[inline]
+    pub fn parse_icrc_verified(frame: &'a [u8]) -> Result<ParsedPacket<'a>> {
+        let f = parse_framing(frame)?;
+        let received = read_icrc(frame, &f)?;
+        parse_transport(frame, f, received)
+    }
+
     /// Parse and check everything but the ICRC; also return whether the ICRC
     /// is correct. For tools that show bad packets instead of dropping them.
     pub fn parse_report_icrc(frame: &'a [u8]) -> Result<(ParsedPacket<'a>, bool)> {
