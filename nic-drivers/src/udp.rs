@@ -15,9 +15,12 @@
 //! ([`UdpConfig::uring`]) submits the same message batches through a ring;
 //! it falls back to the plain calls when io_uring cannot be set up.
 //!
-//! No payload is copied in user space: a sent message points at the frames'
-//! payloads in the TX arena ([`UdpIo`]'s `transmit`), and a received
-//! datagram's headers are synthesised in place in front of it (`deliver`).
+//! No payload is copied in user space. A sent message is a list of iovecs:
+//! a frame's headers in the TX arena and, with `transmit_gather`, its
+//! payload where the transport keeps it (its memory region), so the
+//! kernel's copy is the only one (`send_from`). A received datagram's
+//! headers are synthesised in place in front of it (`deliver`), and an IPv4
+//! one comes out with its ICRC verified (`recv_checked`).
 //!
 //! What is lost compared with a raw backend: the UDP *source* port of sent
 //! frames is always the socket's (the core's per-QP entropy port is not
@@ -38,7 +41,9 @@ use std::time::Duration;
 use crate::frame::{self, HeaderSpec};
 use crate::ipv4_id::{self, IdRecovery};
 use crate::sys;
-use crate::{NicError, PacketIo, PayloadRef, RxSink, RxSinkChecked, Stats, TxFill, TxSource};
+use crate::{
+    GatherFrame, NicError, PacketIo, PayloadRef, RxSink, RxSinkChecked, Stats, TxFill, TxSource,
+};
 
 // asm-generic/socket.h (x86-64 and arm64 use the generic values).
 const SO_SNDBUFFORCE: libc::c_int = 32;
@@ -190,7 +195,6 @@ struct Slot {
 /// `UdpIo::transmit`), so it needs no buffer of its own. Boxed like [`Slot`].
 struct TxMsg {
     name: libc::sockaddr_storage,
-    iov: libc::iovec,
     control: [u64; CMSG_ROOM / 8],
     // UDP_SEGMENT size of this message (0 = one datagram).
     seg: usize,
@@ -272,10 +276,6 @@ fn new_tx_msg() -> Box<TxMsg> {
     Box::new(TxMsg {
         // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
         name: unsafe { std::mem::zeroed() },
-        iov: libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        },
         control: [0; CMSG_ROOM / 8],
         seg: 0,
         len: 0,
@@ -731,6 +731,26 @@ impl UdpIo {
     }
 }
 
+/// Whole frames from a `transmit` fill callback, as a [`TxSource`].
+struct Whole<'a, 'b> {
+    fill: &'a mut TxFill<'b>,
+}
+
+impl TxSource for Whole<'_, '_> {
+    fn fill(&mut self, buf: &mut [u8]) -> Option<GatherFrame> {
+        let n = (self.fill)(buf)?;
+        Some(GatherFrame {
+            head: n,
+            tail: 0,
+            payload: None,
+        })
+    }
+
+    fn payload(&self, _: &PayloadRef) -> Option<&[u8]> {
+        None
+    }
+}
+
 /// Appends `len` bytes at `p` to a message's iovecs (those from `start`
 /// on), extending the last one when they follow it (a tail and the next
 /// frame's head).
@@ -818,19 +838,6 @@ struct GatherRun {
     frames: usize,
 }
 
-/// An outgoing message being assembled (maybe several GSO segments).
-#[derive(Debug, Clone, Copy)]
-struct Run {
-    dst: SocketAddr,
-    tos: u8,
-    seg: usize,
-    /// Where its payload starts in the TX arena, and its length.
-    start: usize,
-    len: usize,
-    segs: usize,
-    closed: bool,
-}
-
 impl PacketIo for UdpIo {
     fn kind(&self) -> &'static str {
         "udp"
@@ -860,147 +867,58 @@ impl PacketIo for UdpIo {
         self.recv_mmsg(max, sink)
     }
 
-    /// No copy: the fill callback writes each frame into the TX arena at the
-    /// place where its UDP payload follows the previous frame's, so the
-    /// payloads of a GSO message lie back to back and the message points at
-    /// them. The frame's Ethernet/IP/UDP headers land on the previous
-    /// payload's last bytes, which are saved before and put back once the
-    /// headers have been read (the kernel builds its own). Frames stay in the
-    /// arena until the messages pointing into them have been sent.
+    /// No copy: see [`UdpIo::send_from`], here with whole frames.
     fn transmit(&mut self, max: usize, fill: &mut TxFill<'_>) -> Result<usize, NicError> {
-        let mut taken = 0;
-        let mut msgs = 0usize;
-        let mut run: Option<Run> = None;
-        let max_frame = self.cfg.max_frame_len;
-        // Every message of the last call has been sent: the arena is free.
-        let mut pos = HEADROOM;
-        while taken < max {
-            if pos + max_frame > self.tx_arena.len() {
-                if let Some(r) = run.take() {
-                    self.seal(msgs - 1, &r);
-                }
-                if msgs > 0 {
-                    self.flush_tx(msgs)?;
-                    msgs = 0;
-                }
-                pos = HEADROOM;
-            }
-            // Where the frame goes if its headers are as long as the last one's.
-            let guess = self.tx_hlen;
-            let at = pos - guess;
-            let mut saved = [0u8; HEADROOM];
-            saved[..guess].copy_from_slice(&self.tx_arena[at..pos]);
-            let Some(n) = fill(&mut self.tx_arena[at..at + max_frame]) else {
-                self.tx_arena[at..pos].copy_from_slice(&saved[..guess]);
-                break;
-            };
-            taken += 1;
-            let info = match self.tx_arena.get(at..at + n).filter(|_| n <= max_frame) {
-                Some(f) => frame::parse_udp(f).ok(),
-                None => None,
-            };
-            let dst = info.and_then(|i| socket_dst(self.v6_socket, i.dst));
-            let (Some(info), Some(dst)) = (info, dst) else {
-                self.tx_arena[at..pos].copy_from_slice(&saved[..guess]);
-                self.stats.tx_dropped += 1;
-                continue;
-            };
-            let (hl, plen) = (info.payload_offset, info.payload_len);
-            let frame_at = if hl == guess {
-                at
-            } else {
-                // Other headers (the other IP family, a VLAN tag): move the frame past the
-                // previous payload (a copy, rarely) and expect this length from now on.
-                self.tx_arena.copy_within(at..at + n, pos);
-                self.tx_arena[at..pos].copy_from_slice(&saved[..guess]);
-                if hl <= HEADROOM {
-                    self.tx_hlen = hl;
-                }
-                pos
-            };
-            let p = frame_at + hl;
-            let appendable = match &run {
-                Some(r) if self.gso && !r.closed && r.dst == dst && r.tos == info.tos => {
-                    plen > 0
-                        && plen <= r.seg
-                        && r.start + r.len == p
-                        && r.len + plen <= MAX_DGRAM
-                        && r.segs < GSO_MAX_SEGS
-                }
-                _ => false,
-            };
-            if info.dst.is_ipv4() {
-                // The kernel gives segment k of a send the IPv4 ID k (crate::ipv4_id).
-                let k = match &run {
-                    Some(r) if appendable => r.segs,
-                    _ => 0,
-                };
-                if let Some(l3) = hl.checked_sub(IPV4_UDP_HLEN) {
-                    let pkt = &mut self.tx_arena[frame_at + l3..p + plen];
-                    if ipv4_id::id_of(pkt) != Some(k as u16) {
-                        if self.cfg.tx_icrc_valid {
-                            self.ids.set_id_of_valid(pkt, k as u16);
-                        } else {
-                            self.ids.set_id(pkt, k as u16);
-                        }
-                    }
-                }
-            }
-            if frame_at == at {
-                // The headers have been read: the previous payload gets its bytes back.
-                self.tx_arena[at..pos].copy_from_slice(&saved[..guess]);
-            }
-            pos = p + plen;
-            if appendable {
-                if let Some(r) = run.as_mut() {
-                    r.len += plen;
-                    r.segs += 1;
-                    // A shorter segment must be the last one (UDP_SEGMENT rule).
-                    r.closed = plen < r.seg;
-                }
-                continue;
-            }
-            if let Some(r) = run.take() {
-                self.seal(msgs - 1, &r);
-            }
-            if msgs == self.tx_slots.len() {
-                self.flush_tx(msgs)?;
-                msgs = 0;
-            }
-            run = Some(Run {
-                dst,
-                tos: info.tos,
-                seg: plen,
-                start: p,
-                len: plen,
-                segs: 1,
-                closed: plen == 0,
-            });
-            msgs += 1;
-        }
-        if let Some(r) = run.take() {
-            self.seal(msgs - 1, &r);
-        }
-        if msgs > 0 {
-            self.flush_tx(msgs)?;
-        }
-        Ok(taken)
+        self.send_from(max, &mut Whole { fill })
     }
 
     fn gathers(&self) -> bool {
         self.cfg.gather
     }
 
-    /// As `transmit`, except that a frame's payload is not in the arena: its
-    /// head part and tail are, and each message is a list of iovecs (head,
-    /// payload where the source keeps it, tail + the next frame's head, ...),
-    /// so the kernel's copy into its buffers is the payload's only one. The
-    /// source's payloads are resolved once the batch is filled, right before
-    /// it is sent.
+    /// Frames whose payload lies elsewhere go out with it gathered from
+    /// there ([`UdpIo::send_from`]).
     fn transmit_gather(&mut self, max: usize, src: &mut dyn TxSource) -> Result<usize, NicError> {
         if !self.cfg.gather {
             return crate::transmit_joined(self, max, src);
         }
+        self.send_from(max, src)
+    }
+
+    fn poll_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    fn set_busy_poll(&mut self, on: bool) -> Result<(), NicError> {
+        // Microseconds the kernel may spin in recv; needs CAP_NET_ADMIN to raise.
+        let us: libc::c_int = if on { 50 } else { 0 };
+        sys::setsockopt(
+            self.sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_BUSY_POLL,
+            &us,
+            "SO_BUSY_POLL",
+        )
+    }
+
+    fn stats(&self) -> Stats {
+        self.stats
+    }
+}
+
+impl UdpIo {
+    /// Sends frames from `src` without copying any payload in user space.
+    /// Each frame's headers are written into the TX arena where its UDP
+    /// payload follows the previous frame's (its Ethernet/IP/UDP headers land
+    /// on the previous one's last bytes, saved before and put back once read:
+    /// the kernel builds its own). A whole frame's UDP payload lies there; a
+    /// split one leaves its head part (BTH, extension headers) and tail (pad,
+    /// ICRC) there and its payload where the source keeps it. A message is
+    /// the iovecs of its frames (arena pieces that follow each other merged,
+    /// so whole frames make one), with consecutive same-size frames to one
+    /// peer sent as one GSO message. Payloads are resolved once the batch is
+    /// full, right before it is sent ([`UdpIo::flush_gathered`]).
+    fn send_from(&mut self, max: usize, src: &mut dyn TxSource) -> Result<usize, NicError> {
         let mut taken = 0;
         let max_frame = self.cfg.max_frame_len;
         self.gather_frames.clear();
@@ -1040,7 +958,10 @@ impl PacketIo for UdpIo {
                 continue;
             };
             let (hl, plen) = (info.payload_offset, info.payload_len);
-            if plen + hl != total || hl > f.head {
+            // A whole frame may carry bytes past its UDP datagram (Ethernet
+            // padding; not sent); a split one is exactly its parts.
+            let exact = f.payload.is_none() || plen + hl == total;
+            if !exact || hl + plen > total || hl > f.head {
                 self.tx_arena[at..pos].copy_from_slice(&saved[..guess]);
                 self.stats.tx_dropped += 1;
                 continue;
@@ -1048,6 +969,8 @@ impl PacketIo for UdpIo {
             let frame_at = if hl == guess {
                 at
             } else {
+                // Other headers (the other IP family, a VLAN tag): move the frame past the
+                // previous payload (a copy, rarely) and expect this length from now on.
                 self.tx_arena.copy_within(at..at + in_arena, pos);
                 self.tx_arena[at..pos].copy_from_slice(&saved[..guess]);
                 if hl <= HEADROOM {
@@ -1067,14 +990,13 @@ impl PacketIo for UdpIo {
                     Some(r) if appendable => r.segs as u16,
                     _ => 0,
                 };
-                // A frame that is not RoCE keeps its ID (as in `transmit`).
+                // IdRecovery leaves a frame that is not RoCE as it is.
                 if let Some(l3) = hl.checked_sub(IPV4_UDP_HLEN) {
-                    let end = frame_at + in_arena;
                     match f.payload {
                         // Frames split by the source are the core's, ICRC right.
                         Some(_) => {
-                            let (head, tail) =
-                                self.tx_arena[frame_at + l3..end].split_at_mut(f.head - l3);
+                            let (head, tail) = self.tx_arena[frame_at + l3..frame_at + in_arena]
+                                .split_at_mut(f.head - l3);
                             let icrc_at = tail.len().saturating_sub(4);
                             if ipv4_id::id_of(head) != Some(k) {
                                 self.ids.set_id_of_valid_split(
@@ -1086,7 +1008,7 @@ impl PacketIo for UdpIo {
                             }
                         }
                         None => {
-                            let pkt = &mut self.tx_arena[frame_at + l3..end];
+                            let pkt = &mut self.tx_arena[frame_at + l3..frame_at + hl + plen];
                             if ipv4_id::id_of(pkt) != Some(k) {
                                 if self.cfg.tx_icrc_valid {
                                     self.ids.set_id_of_valid(pkt, k);
@@ -1104,7 +1026,11 @@ impl PacketIo for UdpIo {
             let p = frame_at + hl;
             self.gather_frames.push(GatherPiece {
                 at: p,
-                head: f.head - hl,
+                head: if f.payload.is_some() {
+                    f.head - hl
+                } else {
+                    plen
+                },
                 payload: f.payload,
                 tail: f.tail,
             });
@@ -1114,6 +1040,7 @@ impl PacketIo for UdpIo {
                     r.len += plen;
                     r.segs += 1;
                     r.frames += 1;
+                    // A shorter segment must be the last one (UDP_SEGMENT rule).
                     r.closed = plen < r.seg;
                 }
                 continue;
@@ -1133,41 +1060,6 @@ impl PacketIo for UdpIo {
         self.gather_runs.extend(run.take());
         self.flush_gathered(src)?;
         Ok(taken)
-    }
-
-    fn poll_fd(&self) -> RawFd {
-        self.sock.as_raw_fd()
-    }
-
-    fn set_busy_poll(&mut self, on: bool) -> Result<(), NicError> {
-        // Microseconds the kernel may spin in recv; needs CAP_NET_ADMIN to raise.
-        let us: libc::c_int = if on { 50 } else { 0 };
-        sys::setsockopt(
-            self.sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_BUSY_POLL,
-            &us,
-            "SO_BUSY_POLL",
-        )
-    }
-
-    fn stats(&self) -> Stats {
-        self.stats
-    }
-}
-
-impl UdpIo {
-    /// Fills in message header `i` for the assembled run.
-    fn seal(&mut self, i: usize, r: &Run) {
-        let base = self.tx_arena[r.start..].as_mut_ptr().cast();
-        let Some(slot) = self.tx_slots.get_mut(i) else {
-            return;
-        };
-        // The payload stays in the arena (not moved or reused) until flush_tx has sent it.
-        slot.iov.iov_base = base;
-        slot.iov.iov_len = r.len;
-        let iov: *mut libc::iovec = &mut slot.iov;
-        self.seal_msg(i, (r.dst, r.tos), (r.seg, r.segs), r.len, (iov, 1));
     }
 
     /// Fills in message header `i`: to `dst` with ToS `tos`, `segs` segments
