@@ -342,7 +342,9 @@ impl Engine {
                 continue;
             }
             if last_moved.elapsed() < spin {
-                std::hint::spin_loop();
+                // Yield, not spin: on a core shared with the application
+                // (one vCPU) it runs the application meanwhile.
+                std::thread::yield_now();
                 continue;
             }
             if !idle.is_zero() {
