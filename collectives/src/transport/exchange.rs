@@ -105,6 +105,9 @@ pub(crate) struct Exchange<L: Link> {
     spin: Duration,
     peers: Vec<Option<Peer>>,
     wcs: Vec<Completion<L::Opcode>>,
+    /// Per peer, whether an earlier send (or receive) is still active this
+    /// round; kept to spare the loop an allocation per round.
+    busy: Vec<bool>,
 }
 
 /// A credit-only SEND is due once half the ring (at least one slot) has been
@@ -183,6 +186,7 @@ impl<L: Link> Exchange<L> {
             spin: cfg.spin,
             peers,
             wcs: Vec::with_capacity(POLL_BATCH),
+            busy: vec![false; size],
         }
     }
 
@@ -281,7 +285,8 @@ impl<L: Link> Exchange<L> {
             let mut progressed = self.drain()? > 0;
             let mut all_done = true;
             // Sends.
-            let mut busy = vec![false; self.size];
+            let busy = &mut self.busy;
+            busy.fill(false);
             for (k, &(j, data)) in sends.iter().enumerate() {
                 if send_off[k] >= data.len() {
                     continue;
@@ -311,7 +316,8 @@ impl<L: Link> Exchange<L> {
                 }
             }
             // Receives.
-            let mut busy = vec![false; self.size];
+            let busy = &mut self.busy;
+            busy.fill(false);
             for (k, (j, buf)) in recvs.iter_mut().enumerate() {
                 let j = *j;
                 if recv_off[k] >= buf.len() {
