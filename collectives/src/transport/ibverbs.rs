@@ -27,16 +27,19 @@
 //!
 //! Buffers are page-aligned allocations owned here and registered with the
 //! device; the device writes into the receive ring behind the compiler's
-//! back, so it is only ever read through raw-pointer copies of slots whose
-//! arrival a completion announced.
+//! back, so it is only ever read one slot at a time, for one copy or fold,
+//! after a completion announced the slot's chunk and before its credit goes
+//! back (the peer writes it again only after that).
+//!
+//! The exchange itself (slots, credits, time-outs) is `transport::exchange`'s,
+//! shared with the ferroce backend; this file is its [`Link`] over libibverbs.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
-use std::collections::VecDeque;
 use std::net::Ipv6Addr;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
 use sideway::ibverbs::completion::{
@@ -53,7 +56,7 @@ use sideway::ibverbs::queue_pair::{
 };
 use sideway::ibverbs::AccessFlags;
 
-use super::slots;
+use super::exchange::{Completion, Exchange, Link};
 use super::wire::{self, QpAddr};
 use super::{RecvSpec, SendSpec, Transport};
 use crate::bootstrap::Rendezvous;
@@ -229,10 +232,10 @@ impl IbvEndpoint {
             made.push(Some((qp, send, recv, psn)));
         }
         let all = rv.allgather(&wire::encode(self.gid.octets(), &entries))?;
-        let mut peers = Vec::with_capacity(size);
+        let mut conns = Vec::with_capacity(size);
         for (j, m) in made.into_iter().enumerate() {
             let Some((mut qp, send, recv, psn)) = m else {
-                peers.push(None);
+                conns.push(None);
                 continue;
             };
             let (gid, theirs) = wire::remote(&all, j, rank, size)?;
@@ -263,32 +266,25 @@ impl IbvEndpoint {
             qp.modify(&attr)
                 .map_err(|e| ibv_err(format!("QP to rank {j} to RTS"), e))?;
             post_recvs(&mut qp, j, rq as usize)?;
-            peers.push(Some(Peer {
+            conns.push(Some(Conn {
                 qp,
                 send,
                 recv,
                 remote_addr: theirs.addr,
                 remote_rkey: theirs.rkey,
-                credits: cfg.slots,
-                data_posted: 0,
-                data_done: 0,
-                credit_posted: 0,
-                credit_done: 0,
-                arrived: VecDeque::new(),
-                consumed: 0,
-                unreported: 0,
             }));
         }
         // Everyone is at RTS with receives posted before anyone writes.
         rv.allgather(&[])?;
-        Ok(IbvTransport {
-            rank,
-            size,
-            cfg: *cfg,
-            peers,
+        let link = Ibv {
+            chunk: cfg.chunk,
+            conns,
             cq,
             channel,
-            wcs: Vec::with_capacity(64),
+        };
+        Ok(IbvTransport {
+            cfg: *cfg,
+            ex: Exchange::new(link, rank, size, cfg),
         })
     }
 }
@@ -405,28 +401,23 @@ impl Ring {
         Ok(())
     }
 
-    /// Copies `dst.len()` bytes from offset `off` of the ring.
+    /// Runs `f` on `len` bytes at offset `off` of the ring.
     ///
     /// The caller makes sure the peer does not write that range now (its
     /// chunk there completed and the slot's credit was not returned).
-    fn read(&self, off: usize, dst: &mut [u8]) -> Result<()> {
-        if off
-            .checked_add(dst.len())
-            .is_none_or(|end| end > self.len())
-        {
+    fn with<R>(&self, off: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
+        if off.checked_add(len).is_none_or(|end| end > self.len()) {
             return Err(Error::Invalid(format!(
-                "{} bytes at {off} of a {}-byte ring",
-                dst.len(),
+                "{len} bytes at {off} of a {}-byte ring",
                 self.len()
             )));
         }
         // SAFETY: the range lies inside the allocation (checked above); the
         // device finished writing it before the completion that announced it
-        // and writes it again only after we return the slot's credit.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len())
-        };
-        Ok(())
+        // and writes it again only after we return the slot's credit, which
+        // cannot happen while `f` holds the slice.
+        let bytes = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(off), len) };
+        Ok(f(bytes))
     }
 }
 
@@ -440,51 +431,47 @@ impl Drop for Ring {
     }
 }
 
-struct Peer {
+/// The connection to one peer.
+struct Conn {
     // Destroyed before the rings its WRs point into.
     qp: BasicQueuePair,
     send: Ring,
     recv: Ring,
     remote_addr: u64,
     remote_rkey: u32,
-    /// Receive slots free at the peer.
-    credits: usize,
-    data_posted: u64,
-    data_done: u64,
-    credit_posted: u64,
-    credit_done: u64,
-    /// Lengths of chunks arrived and not yet consumed, in order.
-    arrived: VecDeque<u32>,
-    consumed: u64,
-    unreported: u32,
 }
 
-/// A work completion, copied out of the poller.
-#[derive(Debug, Clone, Copy)]
-struct Wc {
-    peer: usize,
-    status: u32,
-    opcode: u32,
-    imm: u32,
+/// A completion's opcode (`enum ibv_wc_opcode`), for the error on one the
+/// protocol never causes.
+#[derive(Clone, Copy)]
+struct IbvOpcode(u32);
+
+impl std::fmt::Debug for IbvOpcode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "opcode {}", self.0)
+    }
+}
+
+/// The exchange's [`Link`] over libibverbs.
+struct Ibv {
+    chunk: usize,
+    // Dropped before the CQ they complete into, and the CQ before its channel.
+    conns: Vec<Option<Conn>>,
+    cq: Arc<BasicCompletionQueue>,
+    channel: Arc<CompletionChannel>,
 }
 
 /// One rank's connections to every other rank over libibverbs.
 pub struct IbvTransport {
-    rank: usize,
-    size: usize,
     cfg: RdmaConfig,
-    // Dropped before the CQ they complete into, and the CQ before its channel.
-    peers: Vec<Option<Peer>>,
-    cq: Arc<BasicCompletionQueue>,
-    channel: Arc<CompletionChannel>,
-    wcs: Vec<Wc>,
+    ex: Exchange<Ibv>,
 }
 
 impl std::fmt::Debug for IbvTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IbvTransport")
-            .field("rank", &self.rank)
-            .field("size", &self.size)
+            .field("rank", &self.ex.rank())
+            .field("size", &self.ex.size())
             .field("cfg", &self.cfg)
             .finish()
     }
@@ -520,9 +507,9 @@ fn status_str(s: u32) -> &'static str {
         .map_or("unknown completion status", |(_, n)| n)
 }
 
-impl IbvTransport {
+impl Ibv {
     /// Ask for an event on the channel at the next completion.
-    fn arm(&self) -> Result<()> {
+    fn req_notify(&self) -> Result<()> {
         // SAFETY: `self.cq` keeps the CQ (and its context) alive; the call
         // goes through the context's ops table, which the provider filled.
         let rc = unsafe { rdma_mummy_sys::ibv_req_notify_cq(self.cq.cq().as_ptr(), 0) };
@@ -569,107 +556,85 @@ impl IbvTransport {
         Ok(())
     }
 
-    fn peer(&mut self, j: usize) -> Result<&mut Peer> {
-        let rank = self.rank;
-        self.peers
+    fn conn(&mut self, j: usize) -> Result<&mut Conn> {
+        self.conns
             .get_mut(j)
             .and_then(Option::as_mut)
-            .ok_or_else(|| Error::Invalid(format!("rank {j} is not a peer of rank {rank}")))
-    }
-
-    /// Handle the completions waiting; returns how many.
-    fn drain_cq(&mut self) -> Result<usize> {
-        self.wcs.clear();
-        match self.cq.start_poll() {
-            Ok(poller) => {
-                for wc in poller.take(64) {
-                    self.wcs.push(Wc {
-                        peer: wc.wr_id() as usize,
-                        status: wc.status(),
-                        opcode: wc.opcode(),
-                        // Network order in the work completion (verbs.h: __be32).
-                        imm: u32::from_be(wc.imm_data()),
-                    });
-                }
-            }
-            Err(PollCompletionQueueError::CompletionQueueEmpty) => return Ok(0),
-            Err(e) => return Err(ibv_err("polling the CQ", e)),
-        }
-        let (slots, chunk) = (self.cfg.slots, self.cfg.chunk);
-        let n = self.wcs.len();
-        for i in 0..n {
-            let wc = self.wcs[i];
-            let j = wc.peer;
-            if wc.status != WorkCompletionStatus::Success as u32 {
-                return Err(Error::Completion {
-                    peer: j,
-                    status: status_str(wc.status),
-                });
-            }
-            let p = self.peer(j)?;
-            const WRITE: u32 = WorkCompletionOperationType::Write as u32;
-            const SEND: u32 = WorkCompletionOperationType::Send as u32;
-            const RECV_IMM: u32 = WorkCompletionOperationType::ReceiveWithImmediate as u32;
-            const RECV: u32 = WorkCompletionOperationType::Receive as u32;
-            match wc.opcode {
-                WRITE => p.data_done += 1,
-                SEND => p.credit_done += 1,
-                RECV_IMM => {
-                    let (len, back) = wire::split_imm(wc.imm);
-                    if back > 0 {
-                        if p.credits + back > slots {
-                            return Err(Error::Protocol {
-                                peer: j,
-                                what: format!(
-                                    "returned {back} credits with {} held of {slots}",
-                                    p.credits
-                                ),
-                            });
-                        }
-                        p.credits += back;
-                    }
-                    if len as usize > chunk || len == 0 {
-                        return Err(Error::Protocol {
-                            peer: j,
-                            what: format!("chunk of {len} bytes (chunk size {chunk})"),
-                        });
-                    }
-                    if p.arrived.len() >= slots {
-                        return Err(Error::Protocol {
-                            peer: j,
-                            what: format!("more than {slots} chunks outstanding"),
-                        });
-                    }
-                    p.arrived.push_back(len);
-                    post_recvs(&mut p.qp, j, 1)?;
-                }
-                RECV => {
-                    let n = wc.imm as usize;
-                    if n == 0 || p.credits + n > slots {
-                        return Err(Error::Protocol {
-                            peer: j,
-                            what: format!(
-                                "returned {n} credits with {} held of {slots}",
-                                p.credits
-                            ),
-                        });
-                    }
-                    p.credits += n;
-                    post_recvs(&mut p.qp, j, 1)?;
-                }
-                other => {
-                    return Err(Error::Protocol {
-                        peer: j,
-                        what: format!("unexpected completion opcode {other}"),
-                    })
-                }
-            }
-        }
-        Ok(n)
+            .ok_or_else(|| Error::Invalid(format!("no connection to rank {j}")))
     }
 }
 
-fn post_write_imm(p: &mut Peer, peer: usize, off: usize, len: usize, imm: u32) -> Result<()> {
+impl Link for Ibv {
+    type Opcode = IbvOpcode;
+
+    fn post_data(&mut self, peer: usize, slot: usize, data: &[u8], imm: u32) -> Result<()> {
+        let off = slot * self.chunk;
+        let c = self.conn(peer)?;
+        c.send.write(off, data)?;
+        post_write_imm(c, peer, off, data.len(), imm)
+    }
+
+    fn post_credits(&mut self, peer: usize, n: u32) -> Result<()> {
+        post_credits(self.conn(peer)?, peer, n)
+    }
+
+    fn post_recv(&mut self, peer: usize) -> Result<()> {
+        post_recvs(&mut self.conn(peer)?.qp, peer, 1)
+    }
+
+    fn poll(&mut self, max: usize, out: &mut Vec<Completion<IbvOpcode>>) -> Result<()> {
+        const WRITE: u32 = WorkCompletionOperationType::Write as u32;
+        const SEND: u32 = WorkCompletionOperationType::Send as u32;
+        const RECV_IMM: u32 = WorkCompletionOperationType::ReceiveWithImmediate as u32;
+        const RECV: u32 = WorkCompletionOperationType::Receive as u32;
+        let poller = match self.cq.start_poll() {
+            Ok(poller) => poller,
+            Err(PollCompletionQueueError::CompletionQueueEmpty) => return Ok(()),
+            Err(e) => return Err(ibv_err("polling the CQ", e)),
+        };
+        for wc in poller.take(max) {
+            let j = wc.wr_id() as usize;
+            let status = wc.status();
+            // Network order in the work completion (verbs.h: __be32).
+            let imm = u32::from_be(wc.imm_data());
+            out.push(if status != WorkCompletionStatus::Success as u32 {
+                Completion::Failed(j, status_str(status))
+            } else {
+                match wc.opcode() {
+                    WRITE => Completion::DataSent(j),
+                    SEND => Completion::CreditsSent(j),
+                    RECV_IMM => Completion::DataArrived(j, imm),
+                    RECV => Completion::CreditsArrived(j, imm),
+                    other => Completion::Unexpected(j, IbvOpcode(other)),
+                }
+            });
+        }
+        Ok(())
+    }
+
+    fn with_slot<R>(
+        &mut self,
+        peer: usize,
+        slot: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R> {
+        let chunk = self.chunk;
+        self.conn(peer)?.recv.with(slot * chunk, len, f)
+    }
+
+    /// Armed after the last poll: a completion in between raises no event.
+    fn arm(&mut self) -> Result<bool> {
+        self.req_notify()?;
+        Ok(true)
+    }
+
+    fn sleep(&mut self, d: Duration) -> Result<()> {
+        self.sleep_on_channel(d)
+    }
+}
+
+fn post_write_imm(p: &mut Conn, peer: usize, off: usize, len: usize, imm: u32) -> Result<()> {
     let (lkey, addr) = (p.send.lkey(), p.send.addr() + off as u64);
     let (raddr, rkey) = (p.remote_addr + off as u64, p.remote_rkey);
     let mut g = p.qp.start_post_send();
@@ -684,7 +649,7 @@ fn post_write_imm(p: &mut Peer, peer: usize, off: usize, len: usize, imm: u32) -
         .map_err(|e| ibv_err(format!("posting a WRITE to rank {peer}"), e))
 }
 
-fn post_credits(p: &mut Peer, peer: usize, n: u32) -> Result<()> {
+fn post_credits(p: &mut Conn, peer: usize, n: u32) -> Result<()> {
     let mut g = p.qp.start_post_send();
     // Zero-length: no scatter list.
     g.construct_wr(peer as u64, WorkRequestFlags::Signaled)
@@ -695,154 +660,21 @@ fn post_credits(p: &mut Peer, peer: usize, n: u32) -> Result<()> {
 
 impl Transport for IbvTransport {
     fn rank(&self) -> usize {
-        self.rank
+        self.ex.rank()
     }
     fn size(&self) -> usize {
-        self.size
+        self.ex.size()
     }
 
     fn exchange(&mut self, sends: &[SendSpec<'_>], recvs: &mut [RecvSpec<'_>]) -> Result<()> {
-        let (chunk, slots) = (self.cfg.chunk, self.cfg.slots);
-        for &(j, _) in sends.iter() {
-            self.peer(j)?;
-        }
-        for (j, _) in recvs.iter() {
-            self.peer(*j)?;
-        }
-        let mut send_off = vec![0usize; sends.len()];
-        let mut recv_off = vec![0usize; recvs.len()];
-        let mut last_progress = Instant::now();
-        loop {
-            let mut progressed = self.drain_cq()? > 0;
-            let mut all_done = true;
-            // Sends: per peer only the first unfinished one is active.
-            let mut busy = vec![false; self.size];
-            for (k, &(j, data)) in sends.iter().enumerate() {
-                if send_off[k] >= data.len() {
-                    continue;
-                }
-                all_done = false;
-                if std::mem::replace(&mut busy[j], true) {
-                    continue;
-                }
-                let p = self.peer(j)?;
-                while send_off[k] < data.len()
-                    && p.credits > 0
-                    && p.data_posted - p.data_done < slots as u64
-                {
-                    let len = (data.len() - send_off[k]).min(chunk);
-                    let slot = (p.data_posted % slots as u64) as usize;
-                    let off = slot * chunk;
-                    // The slot's previous WRITE completed (fewer than `slots` in flight).
-                    p.send.write(off, &data[send_off[k]..send_off[k] + len])?;
-                    let imm = wire::data_imm(len, p.unreported);
-                    post_write_imm(p, j, off, len, imm)?;
-                    p.credits -= 1;
-                    p.unreported = 0;
-                    p.data_posted += 1;
-                    send_off[k] += len;
-                    progressed = true;
-                }
-                if send_off[k] >= data.len() {
-                    busy[j] = false;
-                }
-            }
-            // Receives.
-            let mut busy = vec![false; self.size];
-            for (k, (j, buf)) in recvs.iter_mut().enumerate() {
-                let j = *j;
-                if recv_off[k] >= buf.len() {
-                    continue;
-                }
-                all_done = false;
-                if std::mem::replace(&mut busy[j], true) {
-                    continue;
-                }
-                let p = self.peer(j)?;
-                while recv_off[k] < buf.len() {
-                    let Some(&len) = p.arrived.front() else { break };
-                    let want = (buf.len() - recv_off[k]).min(chunk);
-                    if len as usize != want {
-                        return Err(Error::Protocol {
-                            peer: j,
-                            what: format!(
-                                "chunk of {len} bytes where {want} were expected \
-                                 (mismatched message sizes?)"
-                            ),
-                        });
-                    }
-                    p.arrived.pop_front();
-                    let slot = (p.consumed % slots as u64) as usize;
-                    p.recv
-                        .read(slot * chunk, &mut buf[recv_off[k]..recv_off[k] + want])?;
-                    p.consumed += 1;
-                    p.unreported += 1;
-                    recv_off[k] += want;
-                    progressed = true;
-                }
-                if recv_off[k] >= buf.len() {
-                    busy[j] = false;
-                }
-            }
-            // Credits back when none rode on data and half the ring is consumed.
-            for (j, p) in self.peers.iter_mut().enumerate() {
-                let Some(p) = p else { continue };
-                if slots::credit_due(p.unreported, slots, p.credit_posted, p.credit_done) {
-                    post_credits(p, j, p.unreported)?;
-                    p.credit_posted += 1;
-                    p.unreported = 0;
-                    progressed = true;
-                }
-            }
-            if all_done {
-                return Ok(());
-            }
-            if progressed {
-                last_progress = Instant::now();
-                continue;
-            }
-            let idle = last_progress.elapsed();
-            if idle < self.cfg.spin {
-                std::thread::yield_now();
-                continue;
-            }
-            if idle >= self.cfg.timeout {
-                return Err(slots::timeout(
-                    self.cfg.timeout,
-                    sends,
-                    &send_off,
-                    recvs,
-                    &recv_off,
-                ));
-            }
-            self.arm()?;
-            if self.drain_cq()? > 0 {
-                last_progress = Instant::now();
-                continue;
-            }
-            self.sleep_on_channel((self.cfg.timeout - idle).min(Duration::from_millis(20)))?;
-        }
+        self.ex.run(sends, recvs, None)
     }
 }
 
 impl Drop for IbvTransport {
     /// Let the last WRITEs be acknowledged before the QPs go away (bounded).
     fn drop(&mut self) {
-        let deadline = Instant::now() + self.cfg.timeout.min(Duration::from_secs(2));
-        while Instant::now() < deadline {
-            let pending = self
-                .peers
-                .iter()
-                .flatten()
-                .any(|p| p.data_posted != p.data_done || p.credit_posted != p.credit_done);
-            if !pending {
-                break;
-            }
-            match self.drain_cq() {
-                Ok(0) => std::thread::sleep(Duration::from_millis(1)),
-                Ok(_) => {}
-                Err(_) => break,
-            }
-        }
+        self.ex
+            .settle(|_| true, |_| std::thread::sleep(Duration::from_millis(1)));
     }
 }

@@ -13,13 +13,13 @@
 
 use crate::error::Result;
 
+mod exchange;
 #[cfg(feature = "rdma-core")]
 #[allow(unsafe_code)] // FFI: buffers registered with the device
 pub mod ibverbs;
 pub mod local;
 pub mod rdma;
 mod region;
-mod slots;
 pub(crate) mod wire;
 
 /// One send: (world rank, bytes).

@@ -282,9 +282,15 @@ impl PacketIo for AfXdpIo {
                 let Some(d) = x.rx.pop() else { break };
                 let addr = d.addr as usize;
                 let contd = d.options & XDP_PKT_CONTD != 0;
+                // A frame in one buffer; AF_XDP gives no checksum status: a
+                // local UDP socket's frame over veth still holds the partial
+                // form (see offload), whose finished checksum this works out.
+                let whole = !contd && !x.in_frame;
                 // Borrow the UMEM field alone so `partial` stays writable.
-                match map_slice(&x.umem, addr, d.len as usize) {
-                    Some(data) if !contd && !x.in_frame && !offload::looks_partial(data) => {
+                let data = map_slice(&x.umem, addr, d.len as usize);
+                let finish = data.filter(|_| whole).and_then(offload::partial_finish);
+                match data {
+                    Some(data) if whole && finish.is_none() => {
                         sink(data);
                         self.stats.rx_frames += 1;
                         self.stats.rx_bytes += data.len() as u64;
@@ -300,10 +306,14 @@ impl PacketIo for AfXdpIo {
                         x.partial.extend_from_slice(data);
                         x.in_frame = contd;
                         if !contd {
-                            // AF_XDP gives no checksum status: a local UDP socket's frame
-                            // over veth still holds the partial form (see csum).
-                            if offload::looks_partial(&x.partial) {
-                                offload::complete(&mut x.partial);
+                            // A multi-buffer frame is checked once gathered.
+                            let finish = if whole {
+                                finish
+                            } else {
+                                offload::partial_finish(&x.partial)
+                            };
+                            if let Some(fin) = finish {
+                                fin.apply(&mut x.partial);
                             }
                             sink(&x.partial);
                             counted += 1;
