@@ -350,6 +350,37 @@ fn datagrams_larger_than_a_frame_are_dropped_and_counted() {
     }
 }
 
+/// The spec of frames from `tx` to `rx`, with the socket's own source port
+/// (the ICRC covers it, and the UDP backend sends from it).
+fn spec_between(tx: &UdpIo, rx: &UdpIo) -> HeaderSpec {
+    HeaderSpec {
+        dst_mac: rx.mac(),
+        src_mac: tx.mac(),
+        src: tx.local_addr(),
+        dst: rx.local_addr(),
+        tos: 0,
+        ttl: 64,
+    }
+}
+
+/// `n` RDMA WRITE Middle frames (opcode 0x07, QPN 0x11, PSN i) with right
+/// ICRCs; frame i carries `len(i)` payload bytes.
+fn roce_frames(spec: &HeaderSpec, n: u32, len: impl Fn(u32) -> u32) -> Vec<Vec<u8>> {
+    let v6 = spec.src.is_ipv6();
+    (0..n)
+        .map(|i| {
+            let mut p = vec![0x07, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, i as u8];
+            p.extend((0..len(i)).map(|j| (j ^ i) as u8));
+            p.extend_from_slice(&[0; 4]);
+            let mut f = build_udp_frame(spec, &p).unwrap();
+            let end = f.len() - 4;
+            let crc = ferroce_stack::wire::icrc::compute(&f[14..end], v6).unwrap();
+            f[end..].copy_from_slice(&crc.to_le_bytes());
+            f
+        })
+        .collect()
+}
+
 /// Serves whole RoCE frames to `transmit_gather` in two parts around their
 /// payload (every third one whole, as the core writes ACKs and copied frames).
 struct Splitter<'a> {
@@ -412,30 +443,11 @@ fn gathered_frames_arrive_whole() {
         });
         assert_eq!(tx.gathers(), gather);
         let mut rx = open(addr, |_| {});
-        let spec = HeaderSpec {
-            dst_mac: rx.mac(),
-            src_mac: tx.mac(),
-            src: tx.local_addr(),
-            dst: rx.local_addr(),
-            tos: 0,
-            ttl: 64,
-        };
+        let spec = spec_between(&tx, &rx);
         let v6 = spec.src.is_ipv6();
         let l3 = 14;
-        let frames: Vec<Vec<u8>> = (0..150u32)
-            .map(|i| {
-                // RDMA WRITE Middle (0x07), QPN 0x11, PSN i; a short one now and then.
-                let mut p = vec![0x07, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, i as u8];
-                let len = if i % 40 == 39 { 512 } else { 4096u32 };
-                p.extend((0..len).map(|j| (j ^ i) as u8));
-                p.extend_from_slice(&[0; 4]);
-                let mut f = build_udp_frame(&spec, &p).unwrap();
-                let end = f.len() - 4;
-                let crc = ferroce_stack::wire::icrc::compute(&f[l3..end], v6).unwrap();
-                f[end..].copy_from_slice(&crc.to_le_bytes());
-                f
-            })
-            .collect();
+        // A short one now and then.
+        let frames = roce_frames(&spec, 150, |i| if i % 40 == 39 { 512 } else { 4096 });
         let mut src = Splitter {
             frames: &frames,
             next: 0,
@@ -468,27 +480,9 @@ fn recv_checked_flags_only_frames_whose_icrc_was_verified() {
     for addr in ["127.0.0.1:0", "[::1]:0"] {
         let mut tx = open(addr, |c| c.tx_icrc_valid = true);
         let mut rx = open(addr, |_| {});
-        let spec = HeaderSpec {
-            dst_mac: rx.mac(),
-            src_mac: tx.mac(),
-            src: tx.local_addr(),
-            dst: rx.local_addr(),
-            tos: 0,
-            ttl: 64,
-        };
+        let spec = spec_between(&tx, &rx);
         let v6 = spec.src.is_ipv6();
-        let mut frames: Vec<Vec<u8>> = (0..20u8)
-            .map(|i| {
-                let mut p = vec![0x07, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, i];
-                p.extend((0..1024u32).map(|j| (j as u8) ^ i));
-                p.extend_from_slice(&[0; 4]);
-                let mut f = build_udp_frame(&spec, &p).unwrap();
-                let end = f.len() - 4;
-                let crc = ferroce_stack::wire::icrc::compute(&f[14..end], v6).unwrap();
-                f[end..].copy_from_slice(&crc.to_le_bytes());
-                f
-            })
-            .collect();
+        let mut frames = roce_frames(&spec, 20, |_| 1024);
         // A flipped payload bit, sent alone (so no GSO ID is in play).
         let bad = frames.len() - 1;
         let at = frames[bad].len() - 100;
