@@ -209,15 +209,7 @@ fn roce_icrc_survives_the_kernel_ids() {
     for valid in [false, true] {
         let mut tx = open("127.0.0.1:0", |c| c.tx_icrc_valid = valid);
         let mut rx = open("127.0.0.1:0", |_| {});
-        let spec = HeaderSpec {
-            dst_mac: rx.mac(),
-            src_mac: tx.mac(),
-            // The ICRC covers the UDP source port: the socket's, as the core uses over UDP.
-            src: tx.local_addr(),
-            dst: rx.local_addr(),
-            tos: 0,
-            ttl: 64,
-        };
+        let spec = spec_between(&tx, &rx);
         let frames: Vec<Vec<u8>> = (0..40u8)
             .map(|i| {
                 // BTH: RDMA WRITE Middle (0x07), pkey 0xFFFF, QPN 0x11, PSN i; then data, ICRC.
