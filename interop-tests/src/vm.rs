@@ -1137,10 +1137,16 @@ fn tail(text: &str, lines: usize) -> String {
 /// Several VMs on one bridge in one namespace, plus a host veth on the same bridge.
 #[derive(Debug)]
 pub struct RxeLab {
-    // Field order: VMs drop (power off) before the namespace goes.
+    // Field order: VMs drop (power off) before the namespace goes, and the turn is given up last.
     vms: Vec<RxeVm>,
     net: Arc<LabNet>,
+    _turn: std::sync::MutexGuard<'static, ()>,
 }
+
+/// Labs in one process take turns. Each VM is an emulator (TCG) that wants a whole core, and a
+/// test binary runs its tests in parallel: six labs at once on two cores stalled VMs past the
+/// control channel's 60 s answer slack (a full CI run, 2026-12-03).
+static LAB_TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl RxeLab {
     /// Boots `n` VMs with the default configuration, in parallel.
@@ -1150,6 +1156,8 @@ impl RxeLab {
 
     /// Boots `n` VMs with `config`, in parallel.
     pub fn with_config(n: usize, config: &VmConfig) -> Result<RxeLab> {
+        // A test that panicked while holding the turn has dropped its lab: go on.
+        let turn = LAB_TURN.lock().unwrap_or_else(|p| p.into_inner());
         let image = open_image(config)?;
         let net = Arc::new(LabNet::new(config.mtu)?);
         let results: Vec<Result<RxeVm>> = std::thread::scope(|scope| {
@@ -1169,7 +1177,11 @@ impl RxeLab {
                 .collect()
         });
         let vms = results.into_iter().collect::<Result<Vec<_>>>()?;
-        Ok(RxeLab { vms, net })
+        Ok(RxeLab {
+            vms,
+            net,
+            _turn: turn,
+        })
     }
 
     /// The VMs, in index order.
