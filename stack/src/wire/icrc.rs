@@ -113,10 +113,10 @@ impl core::fmt::Debug for PrefixCache {
     }
 }
 
-/// A hasher that has taken the LRH stand-in, made once: `Hasher::new`
-/// checks the CPU's features on every call (half a dozen branches), a clone does not.
-/// A CRC-32 hasher seeded as the ICRC's is (past the LRH stand-in), for
-/// hashing a masked packet in pieces (see [`compute_masked`]).
+/// A hasher that has taken the LRH stand-in, for hashing a masked packet
+/// (whole, as [`compute_masked`] does, or in pieces). Made once and cloned:
+/// `Hasher::new` checks the CPU's features on every call (half a dozen
+/// branches), a clone does not.
 pub fn lrh_hasher() -> crc32fast::Hasher {
     static H: OnceLock<crc32fast::Hasher> = OnceLock::new();
     H.get_or_init(|| crc32fast::Hasher::new_with_initial(LRH_STANDIN_CRC))

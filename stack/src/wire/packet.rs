@@ -247,7 +247,7 @@ impl PacketRepr {
             });
         }
         let buf = &mut buf[..total];
-        let (l3_at, at, variant) = self.emit_headers(buf, payload_len)?;
+        let (l3_at, at, variant) = self.emit_headers(buf, payload_len, total)?;
         let pad = pad_for(payload_len);
         fill(&mut buf[at..at + payload_len]);
         let end = at + payload_len;
@@ -274,7 +274,8 @@ impl PacketRepr {
                 have: buf.len(),
             });
         }
-        let (l3_at, at, variant) = self.emit_headers(&mut buf[..head], payload_len)?;
+        let (l3_at, at, variant) =
+            self.emit_headers(&mut buf[..head], payload_len, head + payload_len + tail)?;
         debug_assert_eq!(at, head);
         let mut h = icrc::lrh_hasher();
         h.update(&buf[l3_at..head]);
@@ -287,7 +288,8 @@ impl PacketRepr {
         Ok((head, tail))
     }
 
-    /// Writes the headers of a frame with a `payload_len`-byte payload into
+    /// Writes the headers of a frame with a `payload_len`-byte payload and
+    /// `total` bytes in all (the caller's [`PacketRepr::buffer_len`]) into
     /// `buf` (at least the headers long), with the ICRC's variant fields
     /// masked to ones. Returns where the IP header and the payload start,
     /// and the masked fields to put back after hashing.
@@ -295,11 +297,11 @@ impl PacketRepr {
         &self,
         buf: &mut [u8],
         payload_len: usize,
+        total: usize,
     ) -> Result<(usize, usize, icrc::Variant)> {
         let info = self.bth.opcode.info()?;
         self.check_headers(info, payload_len)?;
         let pad = pad_for(payload_len);
-        let total = self.buffer_len(payload_len)?;
         let l3_at = self.emit_ethernet(buf);
         let udp_at = l3_at + self.ip.header_len();
         let udp_len = total - udp_at;
