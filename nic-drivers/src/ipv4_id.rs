@@ -194,26 +194,16 @@ impl IdRecovery {
         if !is_plain_ipv4(l3) || l3.len() < IPV4_HLEN + icrc::ICRC_LEN {
             return false;
         }
-        let Some(cur) = id_of(l3) else {
-            return false;
-        };
-        let end = l3.len() - icrc::ICRC_LEN;
-        let mut rx = [0u8; 4];
-        rx.copy_from_slice(&l3[end..]);
-        let stored = u32::from_le_bytes(rx);
-        if check && icrc::compute(&l3[..end], false) != Some(stored) {
-            return false;
+        let len = l3.len();
+        let (head, crc) = l3.split_at_mut(len - icrc::ICRC_LEN);
+        if check {
+            let mut rx = [0u8; 4];
+            rx.copy_from_slice(crc);
+            if icrc::compute(head, false) != Some(u32::from_le_bytes(rx)) {
+                return false;
+            }
         }
-        if cur == id {
-            return true;
-        }
-        let Some(solver) = self.solver(l3, end) else {
-            return false;
-        };
-        let crc = stored ^ solver.delta(cur ^ id);
-        write_id(l3, id);
-        l3[end..].copy_from_slice(&crc.to_le_bytes());
-        true
+        self.set_id_of_valid_split(head, len, crc, id)
     }
 
     /// `l3` (IPv4 header to the end of the ICRC) arrived with its Identification unknown and
