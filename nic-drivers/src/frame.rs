@@ -60,10 +60,9 @@ pub fn parse_udp(frame: &[u8]) -> Result<FrameInfo, NicError> {
 }
 
 /// [`parse_udp`] for a frame of `len` bytes of which only the first part,
-/// `head` (at least up to the UDP header), is at hand: a gathered frame
+/// `frame` (at least up to the UDP header), is at hand: a gathered frame
 /// whose payload lies elsewhere.
-pub fn parse_udp_of(head: &[u8], len: usize) -> Result<FrameInfo, NicError> {
-    let frame = head;
+pub fn parse_udp_of(frame: &[u8], len: usize) -> Result<FrameInfo, NicError> {
     let mut off = ETH_HLEN;
     let mut ethertype =
         be16(frame, 12).ok_or(NicError::Malformed("shorter than Ethernet header"))?;

@@ -233,10 +233,11 @@ pub struct UdpIo {
     tx_arena: Vec<u8>,
     // Header length of the last frame sent: where the next one is placed.
     tx_hlen: usize,
-    // transmit_gather's frames and messages, and the iovecs of a batch.
+    // The frames and messages of the batch being sent (`send_from`), each
+    // message's iovecs (None: dropped), and the iovecs themselves.
     gather_frames: Vec<GatherPiece>,
     gather_runs: Vec<GatherRun>,
-    gather_spans: Vec<(usize, usize)>,
+    gather_spans: Vec<Option<(usize, usize)>>,
     tx_iov: Vec<libc::iovec>,
     stats: Stats,
     kernel_drops: u32,
@@ -684,7 +685,9 @@ impl UdpIo {
     fn flush_plain(&mut self, mut done: usize, n: usize) -> Result<(), NicError> {
         let mut waited = false;
         while done < n {
-            // SAFETY: tx_hdrs[done..n] are initialised and point into live slots.
+            // SAFETY: tx_hdrs[done..n] are initialised and point into live slots; their
+            // iovecs point into the TX arena and at payloads `send_from`'s source keeps
+            // unchanged until it returns (it is only borrowed shared meanwhile).
             let r = unsafe {
                 libc::sendmmsg(
                     self.sock.as_raw_fd(),
@@ -929,6 +932,7 @@ impl UdpIo {
         self.gather_frames.clear();
         self.gather_runs.clear();
         let mut run: Option<GatherRun> = None;
+        // Every message of the last call has been sent: the arena is free.
         let mut pos = HEADROOM;
         while taken < max {
             // Full: the arena, or every message slot (the open one counted).
@@ -939,6 +943,7 @@ impl UdpIo {
                 self.flush_gathered(src)?;
                 pos = HEADROOM;
             }
+            // Where the frame goes if its headers are as long as the last one's.
             let guess = self.tx_hlen;
             let at = pos - guess;
             let mut saved = [0u8; HEADROOM];
@@ -1026,6 +1031,7 @@ impl UdpIo {
                 }
             }
             if frame_at == at {
+                // The headers have been read: the previous payload gets its bytes back.
                 self.tx_arena[at..pos].copy_from_slice(&saved[..guess]);
             }
             let p = frame_at + hl;
@@ -1159,19 +1165,19 @@ impl UdpIo {
                 );
             }
             if ok {
-                spans.push((start, self.tx_iov.len() - start));
+                spans.push(Some((start, self.tx_iov.len() - start)));
             } else {
                 self.tx_iov.truncate(start);
                 self.stats.tx_dropped += r.segs as u64;
-                spans.push((0, 0));
+                spans.push(None);
             }
         }
         let runs = std::mem::take(&mut self.gather_runs);
         let mut msgs = 0;
-        for (r, &(start, n)) in runs.iter().zip(&spans) {
-            if n == 0 {
+        for (r, span) in runs.iter().zip(&spans) {
+            let Some((start, n)) = *span else {
                 continue;
-            }
+            };
             let iov = self.tx_iov[start..].as_mut_ptr();
             self.seal_msg(msgs, (r.dst, r.tos), (r.seg, r.segs), r.len, (iov, n));
             msgs += 1;
