@@ -465,12 +465,12 @@ fn start_proxy(env: &Env, slug: &str, server: String) -> Result<HostJob, String>
     Ok(job)
 }
 
-/// Runs `case`, judges it (both exit 0, capture clean, opcodes seen, `extra`), prints the
-/// details and returns the matrix row.
 /// A stock server in the VM that never got to listen (its tool's fault or TCG's, not ferroce's:
 /// ferroce is not started until it listens).
 const RXE_SERVER_HUNG: &str = "rxe server not listening after 60 s";
 
+/// Runs `case`, judges it (both exit 0, capture clean, opcodes seen, `extra`), prints the
+/// details and returns the matrix row.
 fn judge(env: &mut Env, case: &Case, extra: Extra) -> Row {
     let mut out = run_case(env, case);
     let mut retried = false;

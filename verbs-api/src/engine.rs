@@ -92,32 +92,16 @@ impl Inner {
 
     /// Let the core fill TX slots until it has nothing more (or the ring is full).
     pub fn flush_tx(&mut self, now: Instant) -> Result<usize, ferroce_nic::NicError> {
-        let mut sent = 0;
-        if self.io.gathers() {
+        let io = &mut self.io;
+        if io.gathers() {
             let mut src = CoreSource {
                 core: &mut self.core,
                 now,
             };
-            while sent < STEP_LIMIT {
-                let n = self.io.transmit_gather(BATCH, &mut src)?;
-                sent += n;
-                if n < BATCH {
-                    break;
-                }
-            }
-            return Ok(sent);
+            return in_batches(|| io.transmit_gather(BATCH, &mut src));
         }
         let core = &mut self.core;
-        while sent < STEP_LIMIT {
-            let n = self
-                .io
-                .transmit(BATCH, &mut |buf: &mut [u8]| core.poll_transmit(now, buf))?;
-            sent += n;
-            if n < BATCH {
-                break;
-            }
-        }
-        Ok(sent)
+        in_batches(|| io.transmit(BATCH, &mut |buf: &mut [u8]| core.poll_transmit(now, buf)))
     }
 
     /// One step: receive, fire timers, transmit. Returns frames moved.
@@ -161,6 +145,22 @@ impl Inner {
             None => MAX_IDLE_SLEEP,
         }
     }
+}
+
+/// Calls `send` (which moves up to [`BATCH`] frames) until it moves fewer
+/// or [`STEP_LIMIT`] frames have gone; returns how many went.
+fn in_batches(
+    mut send: impl FnMut() -> Result<usize, ferroce_nic::NicError>,
+) -> Result<usize, ferroce_nic::NicError> {
+    let mut sent = 0;
+    while sent < STEP_LIMIT {
+        let n = send()?;
+        sent += n;
+        if n < BATCH {
+            break;
+        }
+    }
+    Ok(sent)
 }
 
 /// The core as a gathering backend's frame source: request payloads stay in
