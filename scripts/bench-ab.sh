@@ -6,13 +6,14 @@
 # client's CPU seconds per GB; at the end, the medians.
 # Needs root, python3 and /usr/bin/time.
 #
-#   scripts/bench-ab.sh ROUNDS LABEL=BINARY[,ENV=VALUE...] ...
+#   scripts/bench-ab.sh ROUNDS LABEL=BINARY[,ENV=VALUE...][,--FLAG...] ...
 #   e.g. scripts/bench-ab.sh 8 old=/tmp/old/ferroce new=target/release/ferroce \
-#        nopoll=target/release/ferroce,FERROCE_ENGINE_SPIN_US=0
+#        spin=target/release/ferroce,FERROCE_ENGINE_SPIN_US=50 busy=target/release/ferroce,--busy-poll
+# (a --FLAG is passed to both sides' `ferroce bench write`)
 # Environment: BE (backend, default udp), D (seconds per run, default 3), S (message size, default 65536).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 2 ] || { sed -n 2,13p "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n 2,14p "$0"; exit 2; }
 command -v /usr/bin/time >/dev/null || { echo "needs /usr/bin/time (apt-get install time)"; exit 2; }
 cargo build --release -q -p ferroce-verbs --bin ferroce --example tcp_baseline
 tdir=${CARGO_TARGET_DIR:-target}
@@ -35,12 +36,15 @@ for _ in $(seq "$rounds"); do
     wait $srv
     line="tcp $t"
     for v in "$@"; do
-        label=${v%%=*}; rest=${v#*=}; bin=${rest%%,*}; envs=()
-        [ "$rest" != "$bin" ] && IFS=, read -r -a envs <<< "${rest#*,}"
-        env "${envs[@]}" ip netns exec "$a" taskset -c 1 "$bin" bench write -s "$S" -D "$D" --backend "$BE" --json > /dev/null & srv=$!
+        label=${v%%=*}; rest=${v#*=}; bin=${rest%%,*}; envs=(); flags=(); items=()
+        [ "$rest" != "$bin" ] && IFS=, read -r -a items <<< "${rest#*,}"
+        for it in "${items[@]}"; do
+            case $it in -*) flags+=("$it") ;; *) envs+=("$it") ;; esac
+        done
+        env "${envs[@]}" ip netns exec "$a" taskset -c 1 "$bin" bench write -s "$S" -D "$D" --backend "$BE" "${flags[@]}" --json > /dev/null & srv=$!
         sleep 0.4
         out=$(env "${envs[@]}" /usr/bin/time -o "$cpu" -f "%U %S" ip netns exec "$b" taskset -c 0 \
-            "$bin" bench write -s "$S" -D "$D" --backend "$BE" --json "$ipa")
+            "$bin" bench write -s "$S" -D "$D" --backend "$BE" "${flags[@]}" --json "$ipa")
         wait $srv
         line="$line | $(echo "$out" | python3 -c '
 import json, sys

@@ -13,6 +13,7 @@
 use std::cell::Cell;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::time::Duration;
 
 use crate::frame::ROCE_V2_PORT;
 use crate::{offload, sys};
@@ -49,6 +50,10 @@ const TP_STATUS_VLAN_TPID_VALID: u32 = 1 << 6;
 const TP_STATUS_AVAILABLE: u32 = 0;
 const TP_STATUS_SEND_REQUEST: u32 = 1;
 const TP_STATUS_WRONG_FORMAT: u32 = 4;
+/// How long `transmit` waits in all for send-buffer room before leaving
+/// frames to its next call, and the step between kicks meanwhile.
+const FLUSH_WAIT: Duration = Duration::from_millis(20);
+const FLUSH_STEP: Duration = Duration::from_millis(1);
 // linux/if_ether.h
 const ETH_P_ALL: u16 = 0x0003;
 // asm-generic/socket.h
@@ -105,6 +110,9 @@ pub struct AfPacketConfig {
     pub rx_ring: RxRing,
     /// TX ring slots.
     pub tx_frames: usize,
+    /// Send buffer of the TX socket in bytes; 0 (the default) makes room for
+    /// every frame of the TX ring at once (see `open`).
+    pub tx_socket_buffer: usize,
     /// Skip the qdisc layer on transmit (PACKET_QDISC_BYPASS): frames the
     /// device cannot take at once are then dropped, not queued.
     pub qdisc_bypass: bool,
@@ -127,6 +135,7 @@ impl AfPacketConfig {
             block_timeout_ms: 1,
             rx_ring: RxRing::V3,
             tx_frames: 256,
+            tx_socket_buffer: 0,
             // Off: with the qdisc bypassed the kernel drops a frame when the
             // device's TX queue is stopped (packet(7)); in a QEMU VM a third
             // of a WRITE server's ACKs vanished that way (core 571 sent,
@@ -282,6 +291,8 @@ pub struct AfPacketIo {
     rx_off: usize,
     tx_head: usize,
     tx_frame_size: usize,
+    // Frames marked for sending that the kernel has not taken yet.
+    tx_unsent: bool,
     mtu: usize,
     _sink: Option<OwnedFd>,
     // The RX ring carries a virtio-net header before each frame (GSO size).
@@ -579,6 +590,22 @@ impl AfPacketIo {
         };
         sys::setsockopt(tx, SOL_PACKET, PACKET_TX_RING, &treq, "PACKET_TX_RING")?;
         let tx_ring = Mmap::new(tx, tx_block * tx_blocks)?;
+        // Every frame in flight is charged to the socket's send buffer until
+        // the driver frees it. At the default 208 KiB only ~44 frames of
+        // 4 KiB fit, and the kernel leaves the rest of the ring waiting:
+        // room for the whole ring instead (a slot is larger than a frame
+        // plus the skb the kernel charges with it).
+        let sndbuf = match cfg.tx_socket_buffer {
+            0 => tx_block * tx_blocks,
+            n => n,
+        };
+        sys::set_socket_buffer(
+            tx,
+            sys::SO_SNDBUFFORCE,
+            libc::SO_SNDBUF,
+            sndbuf,
+            "SO_SNDBUF",
+        );
         bind_packet(tx, ifindex, 0)?;
 
         // Ethernet header + one VLAN tag on top of the IP MTU.
@@ -595,6 +622,7 @@ impl AfPacketIo {
             rx_off: 0,
             tx_head: 0,
             tx_frame_size,
+            tx_unsent: false,
             mtu,
             _sink: if cfg.sink_socket {
                 sink_socket(cfg.port)
@@ -737,6 +765,36 @@ impl AfPacketIo {
         };
         self.stats.syscalls += 1;
     }
+
+    /// Kicks until the kernel has taken every marked frame, waiting for
+    /// send-buffer room in between (bounded). The kernel stops early when
+    /// the socket's send buffer is full (EAGAIN, or a short count without an
+    /// error) and leaves the rest marked; nothing would kick them again until
+    /// the core had a new frame, so a stalled ACK or last packet of a burst
+    /// became a retransmission time-out at the peer.
+    fn flush(&mut self) {
+        self.kick();
+        let mut waited = Duration::ZERO;
+        while self.last_marked_unsent() && waited < FLUSH_WAIT {
+            self.stats.tx_ring_full += 1;
+            // POLLOUT: the send buffer is half empty again (or the kernel's
+            // next slot is free).
+            let _ = sys::poll_fd(self.tx_fd.as_raw_fd(), libc::POLLOUT, Some(FLUSH_STEP));
+            waited += FLUSH_STEP;
+            self.kick();
+        }
+        // Still stuck: the next `transmit` (the engine calls it every step)
+        // tries again.
+        self.tx_unsent = self.last_marked_unsent();
+    }
+
+    /// Whether the frame marked last is still waiting for the kernel (it
+    /// takes them in ring order, so then it has not finished this batch).
+    fn last_marked_unsent(&self) -> bool {
+        let slots = self.tx_slots();
+        let last = (self.tx_head + slots - 1) % slots;
+        self.tx_ring.read_u32(last * self.tx_frame_size + T2_STATUS) == TP_STATUS_SEND_REQUEST
+    }
 }
 
 impl PacketIo for AfPacketIo {
@@ -817,8 +875,8 @@ impl PacketIo for AfPacketIo {
     fn transmit(&mut self, max: usize, fill: &mut TxFill<'_>) -> Result<usize, NicError> {
         let slots = self.tx_slots();
         let mut n = 0;
-        let mut queued = 0;
         let mut kicked = false;
+        let mut marked_any = self.tx_unsent;
         while n < max {
             let off = self.tx_head * self.tx_frame_size;
             let status = self.tx_ring.read_u32(off + T2_STATUS);
@@ -828,7 +886,6 @@ impl PacketIo for AfPacketIo {
                 if !kicked {
                     self.kick();
                     kicked = true;
-                    queued = 0;
                     continue;
                 }
                 self.stats.tx_ring_full += 1;
@@ -861,12 +918,12 @@ impl PacketIo for AfPacketIo {
             }
             self.stats.tx_frames += 1;
             self.stats.tx_bytes += len as u64;
-            queued += 1;
+            marked_any = true;
             self.tx_head = (self.tx_head + 1) % slots;
             kicked = false;
         }
-        if queued > 0 {
-            self.kick();
+        if marked_any {
+            self.flush();
         }
         Ok(n)
     }

@@ -34,6 +34,26 @@ pub(crate) fn poll_readable(fd: RawFd, timeout: Option<Duration>) -> Result<bool
     poll_fd(fd, libc::POLLIN, timeout)
 }
 
+// asm-generic/socket.h: the buffer options that ignore net.core.[rw]mem_max.
+pub(crate) const SO_SNDBUFFORCE: libc::c_int = 32;
+pub(crate) const SO_RCVBUFFORCE: libc::c_int = 33;
+
+/// Sets a socket buffer (`SO_SNDBUF`/`SO_RCVBUF`) to `bytes`: the FORCE
+/// option first (needs CAP_NET_ADMIN, ignores net.core.[rw]mem_max), else the
+/// plain one (capped by those limits). Best effort: either is fine.
+pub(crate) fn set_socket_buffer(
+    fd: RawFd,
+    force: libc::c_int,
+    plain: libc::c_int,
+    bytes: usize,
+    what: &str,
+) {
+    let v = bytes.min(i32::MAX as usize) as libc::c_int;
+    if setsockopt(fd, libc::SOL_SOCKET, force, &v, what).is_err() {
+        let _ = setsockopt(fd, libc::SOL_SOCKET, plain, &v, what);
+    }
+}
+
 /// Turns a libc return value into a Result, naming the call.
 pub(crate) fn cvt(r: libc::c_int, op: &str) -> Result<libc::c_int, NicError> {
     if r < 0 {

@@ -47,8 +47,6 @@ use crate::{
 };
 
 // asm-generic/socket.h (x86-64 and arm64 use the generic values).
-const SO_SNDBUFFORCE: libc::c_int = 32;
-const SO_RCVBUFFORCE: libc::c_int = 33;
 const SO_RXQ_OVFL: libc::c_int = 40;
 const SO_BUSY_POLL: libc::c_int = 46;
 // linux/udp.h
@@ -366,16 +364,11 @@ impl UdpIo {
         }
         // Kernel drop counter (cumulative) on every receive.
         let _ = sys::setsockopt(raw, libc::SOL_SOCKET, SO_RXQ_OVFL, &one, "SO_RXQ_OVFL");
-        let bufsz = cfg.socket_buffer.min(i32::MAX as usize) as libc::c_int;
         for (force, plain, what) in [
-            (SO_RCVBUFFORCE, libc::SO_RCVBUF, "SO_RCVBUF"),
-            (SO_SNDBUFFORCE, libc::SO_SNDBUF, "SO_SNDBUF"),
+            (sys::SO_RCVBUFFORCE, libc::SO_RCVBUF, "SO_RCVBUF"),
+            (sys::SO_SNDBUFFORCE, libc::SO_SNDBUF, "SO_SNDBUF"),
         ] {
-            // FORCE needs CAP_NET_ADMIN; the plain option is capped by
-            // net.core.[rw]mem_max. Either is fine.
-            if sys::setsockopt(raw, libc::SOL_SOCKET, force, &bufsz, what).is_err() {
-                let _ = sys::setsockopt(raw, libc::SOL_SOCKET, plain, &bufsz, what);
-            }
+            sys::set_socket_buffer(raw, force, plain, cfg.socket_buffer, what);
         }
         let gro = cfg.gro && sys::setsockopt(raw, libc::SOL_UDP, UDP_GRO, &one, "UDP_GRO").is_ok();
         let (ss, len) = to_sockaddr(&cfg.bind);

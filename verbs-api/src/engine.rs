@@ -124,16 +124,36 @@ impl Inner {
             }
         }
         let sent = self.flush_tx(now)?;
-        if let Some(p) = self.publisher.as_mut().filter(|p| p.due()) {
-            p.write(&self.core.stats().named(), false);
+        if self.publisher.as_ref().is_some_and(|p| p.due()) {
+            let counters = self.counters();
+            if let Some(p) = self.publisher.as_mut() {
+                p.write(&counters, false);
+            }
         }
         Ok(moved + sent)
     }
 
+    /// The core's counters, then the packet engine's (`nic_*`): a frame the
+    /// core sent but the backend dropped shows up only in the latter.
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let mut v = self.core.stats().named();
+        let io = self.io.stats();
+        v.extend([
+            ("nic_rx_frames", io.rx_frames),
+            ("nic_rx_dropped", io.rx_dropped),
+            ("nic_tx_frames", io.tx_frames),
+            ("nic_tx_dropped", io.tx_dropped),
+            ("nic_tx_ring_full", io.tx_ring_full),
+            ("nic_syscalls", io.syscalls),
+        ]);
+        v
+    }
+
     /// The last snapshot, when the device closes.
     pub fn publish_closed(&mut self) {
+        let counters = self.counters();
         if let Some(mut p) = self.publisher.take() {
-            p.write(&self.core.stats().named(), true);
+            p.write(&counters, true);
         }
     }
 
