@@ -200,6 +200,7 @@ impl Context {
         };
         let mut inner = Inner::new(Core::new(c, seed), io);
         inner.publisher = crate::counters::Publisher::new(&name, backend);
+        inner.defer_tx_after_recv = opts.mode == EngineMode::Polling;
         let engine = Arc::new(Engine::new(inner, opts.mode));
         let thread = match opts.mode {
             EngineMode::Thread => {

@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ferroce_nic::PacketIo;
-use ferroce_stack::transport::{Core, Instant};
+use ferroce_stack::transport::{Core, HwCounter, Instant};
 
 /// Frames moved per backend call.
 const BATCH: usize = 64;
@@ -65,6 +65,11 @@ pub(crate) struct Inner {
     epoch: std::time::Instant,
     /// Writes the counters for `ferroce devices --stats` about once a second.
     pub publisher: Option<crate::counters::Publisher>,
+    /// Polling mode: a step whose frames completed receives leaves its
+    /// transmissions (the ACKs for them) to the next step, see [`Inner::step`].
+    pub defer_tx_after_recv: bool,
+    /// A step left its transmissions to this one.
+    tx_owed: bool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -82,6 +87,8 @@ impl Inner {
             io,
             epoch: std::time::Instant::now(),
             publisher: None,
+            defer_tx_after_recv: false,
+            tx_owed: false,
         }
     }
 
@@ -92,6 +99,7 @@ impl Inner {
 
     /// Let the core fill TX slots until it has nothing more (or the ring is full).
     pub fn flush_tx(&mut self, now: Instant) -> Result<usize, ferroce_nic::NicError> {
+        self.tx_owed = false;
         let io = &mut self.io;
         if io.gathers() {
             let mut src = CoreSource {
@@ -105,9 +113,17 @@ impl Inner {
     }
 
     /// One step: receive, fire timers, transmit. Returns frames moved.
+    ///
+    /// With `defer_tx_after_recv` (polling mode), a step whose received
+    /// frames completed receive work requests returns before it transmits,
+    /// once: the application, stepping from its own thread, sees the
+    /// completion first and usually posts its answer, and the ACKs then go
+    /// in the same batch as that answer (at its `post_send`, or at the next
+    /// step) instead of one send call earlier on the ping-pong's critical path.
     pub fn step(&mut self) -> Result<usize, ferroce_nic::NicError> {
         let now = self.now();
         let mut moved = 0;
+        let recvs_before = self.core.stats().hw(HwCounter::RdmaRecvs);
         let core = &mut self.core;
         while moved < STEP_LIMIT {
             let n = self.io.recv_checked(BATCH, &mut |f: &[u8], verified| {
@@ -123,7 +139,15 @@ impl Inner {
                 self.core.handle_timeout(now);
             }
         }
-        let sent = self.flush_tx(now)?;
+        let defer = self.defer_tx_after_recv
+            && !self.tx_owed
+            && self.core.stats().hw(HwCounter::RdmaRecvs) != recvs_before;
+        let sent = if defer {
+            self.tx_owed = true;
+            0
+        } else {
+            self.flush_tx(now)?
+        };
         if self.publisher.as_ref().is_some_and(|p| p.due()) {
             let counters = self.counters();
             if let Some(p) = self.publisher.as_mut() {

@@ -391,3 +391,80 @@ fn a_quiet_polling_peer_still_acks() {
     assert_eq!(got, data);
     drop(cqb);
 }
+
+/// Polling mode: the step that completes a receive leaves the ACK for it
+/// unsent, so the application's answer and that ACK leave together at its
+/// `post_send` (a ping-pong's critical path then has one send call per hop,
+/// not two). Checked only where no keeper step can have run in between
+/// (the keeper steps after 5 ms without one); the exchange itself must
+/// complete either way.
+#[test]
+fn polling_mode_sends_the_ack_with_the_answer() {
+    let (ca, cb) = pair_modes(EngineMode::Thread, EngineMode::Polling);
+    let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
+    let (cqa, cqb) = (ca.create_cq(16).unwrap(), cb.create_cq(16).unwrap());
+    let qa = pa.create_qp().build(&cqa, &cqa).unwrap();
+    let qb = pb.create_qp().build(&cqb, &cqb).unwrap();
+    let ma = pa.reg_mr(4096, all_access()).unwrap();
+    let mb = pb.reg_mr(4096, all_access()).unwrap();
+    let opts = |psn| ConnectOptions {
+        local_psn: psn,
+        path_mtu: 1024,
+        ..Default::default()
+    };
+    qa.to_init(&opts(1)).unwrap();
+    qb.to_init(&opts(2)).unwrap();
+    let remote = |qpn, psn, ctx: &Context| RemoteQp {
+        qpn,
+        psn,
+        gid: ctx.query_gid(0).unwrap(),
+    };
+    qa.connect(&ca, &remote(qb.qpn(), 2, &cb), &opts(1))
+        .unwrap();
+    qb.connect(&cb, &remote(qa.qpn(), 1, &ca), &opts(2))
+        .unwrap();
+    let (sa, sb) = ([ma.sge(0, 8)], [mb.sge(0, 8)]);
+    let (ra, rb) = ([ma.sge(64, 8)], [mb.sge(64, 8)]);
+    let mut conclusive = 0;
+    for i in 0..20u64 {
+        qa.post_recv(&[RecvWr {
+            wr_id: i,
+            sg_list: &ra,
+        }])
+        .unwrap();
+        qb.post_recv(&[RecvWr {
+            wr_id: i,
+            sg_list: &rb,
+        }])
+        .unwrap();
+        let before = cb.stats().io.tx_frames;
+        let mut ping = SendWr::new(i, SendOp::Send, &sa);
+        ping.flags.signaled = true;
+        qa.post_send(&[ping]).unwrap();
+        let wc = cqb.poll_n(1, T).unwrap()[0];
+        let seen = std::time::Instant::now();
+        assert_eq!((wc.opcode, wc.status), (WcOpcode::Recv, WcStatus::Success));
+        let after_recv = cb.stats().io.tx_frames;
+        if seen.elapsed() < Duration::from_millis(2) {
+            conclusive += 1;
+            assert_eq!(
+                after_recv, before,
+                "round {i}: the ACK left before the answer"
+            );
+        }
+        let mut pong = SendWr::new(i, SendOp::Send, &sb);
+        pong.flags.signaled = true;
+        qb.post_send(&[pong]).unwrap();
+        assert_eq!(
+            cb.stats().io.tx_frames,
+            before + 2,
+            "round {i}: the answer and the ACK"
+        );
+        // a: its ping acknowledged, the pong received; b: the pong acknowledged.
+        let wcs = cqa.poll_n(2, T).unwrap();
+        assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+        let wc = cqb.poll_n(1, T).unwrap()[0];
+        assert_eq!((wc.opcode, wc.status), (WcOpcode::Send, WcStatus::Success));
+    }
+    assert!(conclusive > 0, "no round was free of keeper steps");
+}
