@@ -137,9 +137,11 @@ impl AfPacketConfig {
             tx_frames: 256,
             tx_socket_buffer: 0,
             // Off: with the qdisc bypassed the kernel drops a frame when the
-            // device's TX queue is stopped (packet(7)); in a QEMU VM a third
-            // of a WRITE server's ACKs vanished that way (core 571 sent,
-            // eth0 413 out) and the client timed out. No gain on veth (MACHINE.md).
+            // device's TX queue is stopped (packet(7)). In a QEMU VM a third
+            // of a WRITE server's ACKs went missing with it (core 571 sent,
+            // eth0 413 out), though part of that was frames stranded by a
+            // full send buffer (see `flush`), found later. No gain on veth
+            // (MACHINE.md).
             qdisc_bypass: false,
             sink_socket: true,
         }
