@@ -823,7 +823,20 @@ impl Core {
                 continue;
             };
             qp.scheduled = false;
-            let mut out = qp.poll_response(buf, &mut ctx);
+            // Responses first, except that a request may go ahead of a plain
+            // ACK once: an application answering what it just received then
+            // has its answer on the wire one frame sooner (the ACK follows
+            // at once, so the peer's window waits one frame at most).
+            let mut out = None;
+            if !qp.ack_overtaken && qp.plain_ack_next() {
+                out = qp.poll_request(buf, &mut ctx);
+                qp.ack_overtaken = out.is_some();
+            } else {
+                qp.ack_overtaken = false;
+            }
+            if out.is_none() {
+                out = qp.poll_response(buf, &mut ctx);
+            }
             if out.is_none() {
                 out = qp.poll_request(buf, &mut ctx);
             }

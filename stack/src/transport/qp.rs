@@ -532,6 +532,9 @@ pub(crate) struct Qp {
     pub timers: TimerTable,
     /// In the core's ready list.
     pub scheduled: bool,
+    /// A request just went out ahead of the plain ACK at the front of the
+    /// response queue; the ACK goes next (see `Core::transmit_next`).
+    pub ack_overtaken: bool,
     /// Earliest deadline this QP has in the core's timer heap.
     pub timer_entry: Option<Instant>,
 }
@@ -569,6 +572,7 @@ impl Qp {
             resp: RespState::new(init.cap.max_recv_sge as usize),
             timers: TimerTable::default(),
             scheduled: false,
+            ack_overtaken: false,
             timer_entry: None,
         }
     }

@@ -990,6 +990,17 @@ impl Qp {
     }
 
     /// Write the next responder packet (ACK/NAK, READ response, atomic ACK).
+    /// Whether the next response is a positive ACK (no data, no NAK).
+    pub(crate) fn plain_ack_next(&self) -> bool {
+        matches!(
+            self.resp.out.front(),
+            Some(RespOut::Ack {
+                syndrome: Syndrome::Ack { .. },
+                ..
+            })
+        )
+    }
+
     pub(crate) fn poll_response(&mut self, buf: &mut [u8], ctx: &mut Ctx<'_>) -> Option<usize> {
         let front = *self.resp.out.front()?;
         let mut repr = self.hdr;
