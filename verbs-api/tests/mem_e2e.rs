@@ -5,8 +5,8 @@ use std::net::Ipv6Addr;
 use std::time::Duration;
 
 use ferroce_verbs::{
-    AccessFlags, ConnectOptions, Context, EngineMode, OpenOptions, QpType, RecvWr, RemoteQp,
-    SendOp, SendWr, WcOpcode, WcStatus,
+    AccessFlags, ConnectOptions, Context, EngineMode, OpenOptions, QpType, QueuePair, RecvWr,
+    RemoteQp, SendOp, SendWr, WcOpcode, WcStatus,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -33,6 +33,23 @@ fn pair_modes(mode_a: EngineMode, mode_b: EngineMode) -> (Context, Context) {
         Context::with_io(Box::new(a), "mem0", vec![ga], 1, oa).unwrap(),
         Context::with_io(Box::new(b), "mem1", vec![gb], 2, ob).unwrap(),
     )
+}
+
+/// Connects `qa` (PSN 1) and `qb` (PSN 2), each with `opts(its PSN)`.
+fn connect_pair(
+    (ca, qa): (&Context, &QueuePair<'_>),
+    (cb, qb): (&Context, &QueuePair<'_>),
+    opts: impl Fn(u32) -> ConnectOptions,
+) {
+    qa.to_init(&opts(1)).unwrap();
+    qb.to_init(&opts(2)).unwrap();
+    let remote = |qpn, psn, ctx: &Context| RemoteQp {
+        qpn,
+        psn,
+        gid: ctx.query_gid(0).unwrap(),
+    };
+    qa.connect(ca, &remote(qb.qpn(), 2, cb), &opts(1)).unwrap();
+    qb.connect(cb, &remote(qa.qpn(), 1, ca), &opts(2)).unwrap();
 }
 
 fn all_access() -> AccessFlags {
@@ -345,17 +362,7 @@ fn a_quiet_polling_peer_still_acks() {
         retry_cnt: 2,
         ..Default::default()
     };
-    qa.to_init(&opts(1)).unwrap();
-    qb.to_init(&opts(2)).unwrap();
-    let remote = |qpn, psn, ctx: &Context| RemoteQp {
-        qpn,
-        psn,
-        gid: ctx.query_gid(0).unwrap(),
-    };
-    qa.connect(&ca, &remote(qb.qpn(), 2, &cb), &opts(1))
-        .unwrap();
-    qb.connect(&cb, &remote(qa.qpn(), 1, &ca), &opts(2))
-        .unwrap();
+    connect_pair((&ca, &qa), (&cb, &qb), opts);
 
     let data: Vec<u8> = (0..20_000u32).map(|i| (i * 13) as u8).collect();
     ma.write(0, &data).unwrap();
@@ -412,17 +419,7 @@ fn polling_mode_sends_the_ack_with_the_answer() {
         path_mtu: 1024,
         ..Default::default()
     };
-    qa.to_init(&opts(1)).unwrap();
-    qb.to_init(&opts(2)).unwrap();
-    let remote = |qpn, psn, ctx: &Context| RemoteQp {
-        qpn,
-        psn,
-        gid: ctx.query_gid(0).unwrap(),
-    };
-    qa.connect(&ca, &remote(qb.qpn(), 2, &cb), &opts(1))
-        .unwrap();
-    qb.connect(&cb, &remote(qa.qpn(), 1, &ca), &opts(2))
-        .unwrap();
+    connect_pair((&ca, &qa), (&cb, &qb), opts);
     let (sa, sb) = ([ma.sge(0, 8)], [mb.sge(0, 8)]);
     let (ra, rb) = ([ma.sge(64, 8)], [mb.sge(64, 8)]);
     let mut conclusive = 0;
