@@ -140,8 +140,9 @@ impl AfPacketConfig {
             // device's TX queue is stopped (packet(7)). In a QEMU VM a third
             // of a WRITE server's ACKs went missing with it (core 571 sent,
             // eth0 413 out), though part of that was frames stranded by a
-            // full send buffer (see `flush`), found later. No gain on veth
-            // (MACHINE.md).
+            // full send buffer (see `flush`), found later; with that fixed,
+            // bypass still moved 54-66 MB/s there against 72-81 through the
+            // qdisc. No gain on veth (MACHINE.md).
             qdisc_bypass: false,
             sink_socket: true,
         }
