@@ -770,15 +770,15 @@ impl AfPacketIo {
     }
 
     /// Kicks until the kernel has taken every marked frame, waiting for
-    /// send-buffer room in between (bounded). The kernel stops early when
+    /// send-buffer room in between (up to `wait`). The kernel stops early when
     /// the socket's send buffer is full (EAGAIN, or a short count without an
     /// error) and leaves the rest marked; nothing would kick them again until
     /// the core had a new frame, so a stalled ACK or last packet of a burst
     /// became a retransmission time-out at the peer.
-    fn flush(&mut self) {
+    fn flush(&mut self, wait: Duration) {
         self.kick();
         let mut waited = Duration::ZERO;
-        while self.last_marked_unsent() && waited < FLUSH_WAIT {
+        while self.last_marked_unsent() && waited < wait {
             self.stats.tx_ring_full += 1;
             // POLLOUT: the send buffer is half empty again (or the kernel's
             // next slot is free).
@@ -879,7 +879,7 @@ impl PacketIo for AfPacketIo {
         let slots = self.tx_slots();
         let mut n = 0;
         let mut kicked = false;
-        let mut marked_any = self.tx_unsent;
+        let mut marked = false;
         while n < max {
             let off = self.tx_head * self.tx_frame_size;
             let status = self.tx_ring.read_u32(off + T2_STATUS);
@@ -921,12 +921,16 @@ impl PacketIo for AfPacketIo {
             }
             self.stats.tx_frames += 1;
             self.stats.tx_bytes += len as u64;
-            marked_any = true;
+            marked = true;
             self.tx_head = (self.tx_head + 1) % slots;
             kicked = false;
         }
-        if marked_any {
-            self.flush();
+        if marked {
+            self.flush(FLUSH_WAIT);
+        } else if self.tx_unsent {
+            // Left from an earlier call: one more kick, no wait (the engine
+            // comes back within its idle sleep).
+            self.flush(Duration::ZERO);
         }
         Ok(n)
     }
