@@ -989,7 +989,6 @@ impl Qp {
         self.resp.has_cur = false;
     }
 
-    /// Write the next responder packet (ACK/NAK, READ response, atomic ACK).
     /// Whether the next response is a positive ACK (no data, no NAK).
     pub(crate) fn plain_ack_next(&self) -> bool {
         matches!(
@@ -1001,6 +1000,7 @@ impl Qp {
         )
     }
 
+    /// Write the next responder packet (ACK/NAK, READ response, atomic ACK).
     pub(crate) fn poll_response(&mut self, buf: &mut [u8], ctx: &mut Ctx<'_>) -> Option<usize> {
         let front = *self.resp.out.front()?;
         let mut repr = self.hdr;
