@@ -175,9 +175,8 @@ impl Inner {
 
     /// The last snapshot, when the device closes.
     pub fn publish_closed(&mut self) {
-        let counters = self.counters();
         if let Some(mut p) = self.publisher.take() {
-            p.write(&counters, true);
+            p.write(&self.counters(), true);
         }
     }
 
