@@ -224,6 +224,13 @@ fn afxdp_oversize_does_not_stall() {
     oversize_does_not_stall(afxdp_pair);
 }
 
+/// AF_PACKET with a 32 KiB send buffer, so a few frames of 4 KB fill it.
+fn open_afpacket_small_sndbuf(ifname: &str, _e: End) -> Result<Io, ferroce_nic::NicError> {
+    let mut c = AfPacketConfig::new(ifname);
+    c.tx_socket_buffer = 32 << 10;
+    Ok(Box::new(AfPacketIo::open(c)?))
+}
+
 /// Frames the kernel leaves in the TX ring because the socket's send buffer
 /// is full still go out later without new frames to send: the engine calls
 /// `transmit` with nothing to add every step, and that must push them. (They
@@ -233,24 +240,10 @@ fn afxdp_oversize_does_not_stall() {
 /// past `transmit`'s own bounded wait.
 #[test]
 fn afpacket_frames_left_by_a_full_send_buffer_go_out() {
-    if !root_or_skip("afpacket send-buffer test") {
+    let Some(mut p) = netns_pair(false, open_afpacket_small_sndbuf) else {
         return;
-    }
-    let t = topo();
-    let (ea, eb) = ends(&t, false);
-    let (ifa, ifb) = (t.host(0).ifname.clone(), t.host(1).ifname.clone());
-    let mut a = t
-        .run_in(0, move || {
-            let mut c = AfPacketConfig::new(&ifa);
-            c.tx_socket_buffer = 32 << 10;
-            AfPacketIo::open(c)
-        })
-        .unwrap()
-        .unwrap();
-    let mut b: Io = t
-        .run_in(1, move || open_afpacket(&ifb, eb))
-        .unwrap()
-        .unwrap();
+    };
+    let t = p.topo.as_ref().expect("a namespace pair has its topology");
     let out = t
         .command(0, "tc")
         .args([
@@ -275,33 +268,29 @@ fn afpacket_frames_left_by_a_full_send_buffer_go_out() {
         String::from_utf8_lossy(&out.stderr)
     );
     let n = 60u32;
+    let (ea, eb) = (p.ea, p.eb);
     let frames: Vec<Vec<u8>> = (0..n).map(|i| frame(ea, eb, i, 4000)).collect();
     let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
-    assert_eq!(a.send_frames(&refs).unwrap(), n as usize);
+    assert_eq!(p.a.send_frames(&refs).unwrap(), n as usize);
     let mut got = Vec::new();
     let t0 = std::time::Instant::now();
     while got.len() < n as usize && t0.elapsed() < std::time::Duration::from_secs(5) {
         // An engine step with nothing new to send.
-        a.transmit(64, &mut |_: &mut [u8]| None).unwrap();
-        if b.recv(64, &mut |f: &[u8]| got.extend(check(f, ea, eb)))
+        p.a.transmit(64, &mut |_: &mut [u8]| None).unwrap();
+        if p.b
+            .recv(64, &mut |f: &[u8]| got.extend(check(f, ea, eb)))
             .unwrap()
             == 0
         {
-            b.wait(Some(std::time::Duration::from_millis(5))).unwrap();
+            p.b.wait(Some(std::time::Duration::from_millis(5))).unwrap();
         }
     }
     assert_eq!(got, (0..n).collect::<Vec<_>>());
     assert!(
-        a.stats().tx_ring_full > 0,
+        p.a.stats().tx_ring_full > 0,
         "the send buffer never filled: the test did not test anything"
     );
-    teardown(Pair {
-        topo: Some(t),
-        a: Box::new(a),
-        b,
-        ea,
-        eb,
-    });
+    teardown(p);
 }
 
 /// The full count: 1 000 000 frames one way per backend, zero loss.
