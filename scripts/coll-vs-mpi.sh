@@ -7,7 +7,8 @@
 #
 #   scripts/coll-vs-mpi.sh [-b 8] [-e 64M] [-f 4] [-i 10] [-w 2] [-r 1] [-- extra coll-bench args]
 #
-# Environment: CARGO_TARGET_DIR (where the release build goes); FERROCE_BACKEND,
+# Environment: CARGO_TARGET_DIR (where the release build goes); COLL_BENCH (a
+# ferroce-coll-bench binary to run instead of building one, for A/B runs); FERROCE_BACKEND,
 # FERROCE_ENGINE, FERROCE_ALLREDUCE_ALGO, FERROCE_COLL_*, FERROCE_ACK_DELAY_US (passed to the ferroce ranks).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -41,9 +42,13 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-echo "# building (release) ..." >&2
-(cd "$repo" && cargo build -q --release -p ferroce-collectives --bin ferroce-coll-bench)
-bench="${CARGO_TARGET_DIR:-$repo/target}/release/ferroce-coll-bench"
+if [ -n "${COLL_BENCH:-}" ]; then
+    bench=$COLL_BENCH
+else
+    echo "# building (release) ..." >&2
+    (cd "$repo" && cargo build -q --release -p ferroce-collectives --bin ferroce-coll-bench)
+    bench="${CARGO_TARGET_DIR:-$repo/target}/release/ferroce-coll-bench"
+fi
 mpicc -O2 -o "$work/mpi-allreduce" "$here/mpi-allreduce.c"
 
 # The topology of ferroce_nic::netns (bridge in its own namespace).
@@ -87,7 +92,7 @@ mpi=(mpirun --allow-run-as-root --oversubscribe -np "$N" --bind-to none
     --mca btl tcp,self --mca btl_tcp_if_include veth0 --mca oob_tcp_if_include $tag
     -x MASTER_ADDR=198.18.0.1 -x MASTER_PORT=29517)
 for v in FERROCE_BACKEND FERROCE_ENGINE FERROCE_ALLREDUCE_ALGO FERROCE_COLL_CHUNK FERROCE_COLL_SLOTS \
-    FERROCE_COLL_SPIN_US FERROCE_COLL_ACK_TIMEOUT FERROCE_COLL_STATS FERROCE_ACK_DELAY_US; do
+    FERROCE_COLL_SPIN_US FERROCE_COLL_ACK_TIMEOUT FERROCE_COLL_STATS FERROCE_ACK_DELAY_US FERROCE_UDP_GATHER; do
     [ -n "${!v:-}" ] && mpi+=(-x "$v")
 done
 
