@@ -124,6 +124,8 @@ cat "$work/mpi.1.txt"
 echo
 echo "## ferroce-coll-bench allreduce, one process per rank under the same mpirun (round 1)"
 cat "$work/ferroce.1.txt"
+# FERROCE_COLL_STATS: each rank's device counters (on its stderr).
+[ -n "${FERROCE_COLL_STATS:-}" ] && sed 's/^/# /' "$work/ferroce.1.err"
 echo
 # Per size over the rounds: the best (lowest) time and the median, for both.
 times() { awk '!/^#/ && NF { print $1, $(NF-3) }' "$@"; }
