@@ -54,6 +54,9 @@ const UDP_SEGMENT: libc::c_int = 103;
 const UDP_GRO: libc::c_int = 104;
 // UDP_MAX_SEGMENTS in include/linux/udp.h is 64 on older kernels (128 later).
 const GSO_MAX_SEGS: usize = 64;
+/// How long a send waits for a full socket buffer to take anything more
+/// before it gives up on its messages.
+const TX_STALL: Duration = Duration::from_millis(50);
 // Largest UDP payload in one datagram (65535 - IPv6-less UDP header - IPv4 header).
 const MAX_DGRAM: usize = 65_507;
 // Room for the control messages we ask for (pktinfo, tos, ttl, gro, ovfl).
@@ -659,7 +662,7 @@ impl UdpIo {
         Ok(delivered)
     }
 
-    /// Sends tx_hdrs[..n]; retries briefly when the socket buffer is full.
+    /// Sends tx_hdrs[..n], waiting for room while a full socket buffer drains.
     fn flush_tx(&mut self, n: usize) -> Result<(), NicError> {
         if let Some(mut u) = self.uring.take() {
             let fd = self.sock.as_raw_fd();
@@ -698,7 +701,8 @@ impl UdpIo {
     }
 
     fn flush_plain(&mut self, mut done: usize, n: usize) -> Result<(), NicError> {
-        let mut waited = false;
+        // Since when the socket buffer has been full with nothing sent.
+        let mut stalled: Option<std::time::Instant> = None;
         while done < n {
             // SAFETY: tx_hdrs[done..n] are initialised and point into live slots; their
             // iovecs point into the TX arena and at payloads `send_from`'s source keeps
@@ -713,6 +717,7 @@ impl UdpIo {
             };
             self.stats.syscalls += 1;
             if r > 0 {
+                stalled = None;
                 for slot in &self.tx_slots[done..done + r as usize] {
                     let segs = tx_segments(slot);
                     self.stats.tx_frames += segs.0 as u64;
@@ -724,14 +729,23 @@ impl UdpIo {
             let e = std::io::Error::last_os_error();
             match e.raw_os_error() {
                 Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN) | Some(libc::ENOBUFS) if !waited => {
-                    self.stats.tx_ring_full += 1;
-                    waited = true;
-                    sys::poll_fd(
-                        self.sock.as_raw_fd(),
-                        libc::POLLOUT,
-                        Some(Duration::from_millis(50)),
-                    )?;
+                Some(libc::EAGAIN) | Some(libc::ENOBUFS) => {
+                    // Wait for room as long as some frees up: a message given
+                    // up here is lost until the transport's retransmission
+                    // time-out. Only a buffer that stays full for TX_STALL
+                    // (the link is not draining) costs messages.
+                    let since = *stalled.get_or_insert_with(|| {
+                        self.stats.tx_ring_full += 1;
+                        std::time::Instant::now()
+                    });
+                    let left = TX_STALL.saturating_sub(since.elapsed());
+                    if left.is_zero() {
+                        tracing::debug!("sendmmsg: send buffer full for {TX_STALL:?}: {e}");
+                        self.stats.tx_dropped += tx_segments(&self.tx_slots[done]).0 as u64;
+                        done += 1;
+                    } else {
+                        sys::poll_fd(self.sock.as_raw_fd(), libc::POLLOUT, Some(left))?;
+                    }
                 }
                 Some(libc::EIO) | Some(libc::EINVAL)
                     if self.gso && tx_segments(&self.tx_slots[done]).0 > 1 =>

@@ -243,30 +243,7 @@ fn afpacket_frames_left_by_a_full_send_buffer_go_out() {
     let Some(mut p) = netns_pair(false, open_afpacket_small_sndbuf) else {
         return;
     };
-    let t = p.topo.as_ref().expect("a namespace pair has its topology");
-    let out = t
-        .command(0, "tc")
-        .args([
-            "qdisc",
-            "add",
-            "dev",
-            &t.host(0).ifname,
-            "root",
-            "tbf",
-            "rate",
-            "20mbit",
-            "burst",
-            "10kb",
-            "latency",
-            "2s",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "tc tbf: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    slow_link(&p);
     let n = 60u32;
     let (ea, eb) = (p.ea, p.eb);
     let frames: Vec<Vec<u8>> = (0..n).map(|i| frame(ea, eb, i, 4000)).collect();
@@ -291,6 +268,91 @@ fn afpacket_frames_left_by_a_full_send_buffer_go_out() {
         "the send buffer never filled: the test did not test anything"
     );
     teardown(p);
+}
+
+/// A 20 Mbit/s token bucket on host 0's link (no sch_netem here): frames,
+/// and their send-buffer charge, wait in the qdisc ~1.6 ms per 4 KB.
+fn slow_link(p: &Pair) {
+    let t = p.topo.as_ref().expect("a namespace pair has its topology");
+    let out = t
+        .command(0, "tc")
+        .args([
+            "qdisc",
+            "add",
+            "dev",
+            &t.host(0).ifname,
+            "root",
+            "tbf",
+            "rate",
+            "20mbit",
+            "burst",
+            "10kb",
+            "latency",
+            "2s",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "tc tbf: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn open_udp_small_sndbuf(_if: &str, e: End) -> Result<Io, ferroce_nic::NicError> {
+    let mut c = UdpConfig::new(SocketAddr::new(e.ip, ROCE_V2_PORT));
+    c.socket_buffer = 32 << 10;
+    Ok(Box::new(UdpIo::bind(c)?))
+}
+
+/// The UDP backend cannot keep messages for later (its TX arena is reused),
+/// so a send into a full socket buffer waits while the buffer drains: 60
+/// messages of ~4 KB (lengths alternate, so GSO makes no message of several)
+/// behind a slow link all arrive, read meanwhile by the other side (whose
+/// equally small receive buffer would drop them otherwise). It used to wait
+/// once, then drop every message that met a full buffer again, for the
+/// transport's retransmission time-out to recover.
+#[test]
+fn udp_messages_wait_for_a_full_send_buffer_to_drain() {
+    let Some(p) = netns_pair(false, open_udp_small_sndbuf) else {
+        return;
+    };
+    slow_link(&p);
+    let Pair {
+        topo,
+        mut a,
+        mut b,
+        ea,
+        eb,
+    } = p;
+    let n = 60u32;
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        let t0 = std::time::Instant::now();
+        while got.len() < n as usize && t0.elapsed() < std::time::Duration::from_secs(5) {
+            if b.recv(64, &mut |f: &[u8]| got.extend(check(f, ea, eb)))
+                .unwrap()
+                == 0
+            {
+                b.wait(Some(std::time::Duration::from_millis(5))).unwrap();
+            }
+        }
+        (b, got)
+    });
+    let frames: Vec<Vec<u8>> = (0..n)
+        .map(|i| frame(ea, eb, i, 4000 - (i as usize % 2)))
+        .collect();
+    let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+    assert_eq!(a.send_frames(&refs).unwrap(), n as usize);
+    let (b, got) = reader.join().unwrap();
+    let st = a.stats();
+    assert_eq!(got, (0..n).collect::<Vec<_>>(), "sender {st:?}");
+    assert!(
+        st.tx_ring_full > 0,
+        "the send buffer never filled: the test did not test anything"
+    );
+    assert_eq!(st.tx_dropped, 0);
+    teardown(Pair { topo, a, b, ea, eb });
 }
 
 /// The full count: 1 000 000 frames one way per backend, zero loss.
