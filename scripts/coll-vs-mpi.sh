@@ -92,7 +92,7 @@ mpi=(mpirun --allow-run-as-root --oversubscribe -np "$N" --bind-to none
     --mca btl tcp,self --mca btl_tcp_if_include veth0 --mca oob_tcp_if_include $tag
     -x MASTER_ADDR=198.18.0.1 -x MASTER_PORT=29517)
 for v in FERROCE_BACKEND FERROCE_ENGINE FERROCE_ALLREDUCE_ALGO FERROCE_COLL_CHUNK FERROCE_COLL_SLOTS \
-    FERROCE_COLL_SPIN_US FERROCE_COLL_ACK_TIMEOUT FERROCE_COLL_STATS FERROCE_ACK_DELAY_US FERROCE_UDP_GATHER; do
+    FERROCE_COLL_SPIN_US FERROCE_COLL_ACK_TIMEOUT FERROCE_COLL_STATS FERROCE_ACK_DELAY_US FERROCE_ACK_COALESCE FERROCE_UDP_GATHER; do
     [ -n "${!v:-}" ] && mpi+=(-x "$v")
 done
 

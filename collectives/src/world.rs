@@ -78,7 +78,8 @@ impl Default for DeviceOptions {
 
 impl DeviceOptions {
     /// Defaults, overridden by `FERROCE_BACKEND` (afxdp, afpacket, udp,
-    /// auto) and `FERROCE_ENGINE` (thread, poll).
+    /// auto), `FERROCE_ENGINE` (thread, poll), `FERROCE_ACK_DELAY_US` (0 =
+    /// no coalescing) and `FERROCE_ACK_COALESCE` (messages per ACK).
     pub fn from_env() -> Result<DeviceOptions> {
         let mut d = DeviceOptions::default();
         if let Ok(v) = std::env::var("FERROCE_BACKEND") {
@@ -93,6 +94,12 @@ impl DeviceOptions {
                 .parse()
                 .map_err(|_| Error::Env(format!("FERROCE_ACK_DELAY_US={v:?} is not a number")))?;
             d.ack_delay = (us > 0).then(|| Duration::from_micros(us));
+        }
+        if let Ok(v) = std::env::var("FERROCE_ACK_COALESCE") {
+            d.ack_coalesce = v
+                .trim()
+                .parse()
+                .map_err(|_| Error::Env(format!("FERROCE_ACK_COALESCE={v:?} is not a number")))?;
         }
         Ok(d)
     }
