@@ -58,3 +58,16 @@ pub enum Error {
 
 /// The collectives' result type.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// A number from environment variable `key`: `None` when unset, an
+/// [`Error::Env`] naming it when set to something else.
+pub(crate) fn env_number<T: std::str::FromStr>(key: &str) -> Result<Option<T>> {
+    match std::env::var(key) {
+        Err(_) => Ok(None),
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| Error::Env(format!("{key}={v:?} is not a number"))),
+    }
+}

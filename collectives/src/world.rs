@@ -12,7 +12,7 @@ use ferroce_verbs::{Backend, Context, DeviceConfig, EngineMode, OpenOptions};
 
 use crate::bootstrap::{Bootstrap, Rendezvous};
 use crate::communicator::Communicator;
-use crate::error::{Error, Result};
+use crate::error::{env_number, Error, Result};
 use crate::transport::local::local_world;
 use crate::transport::rdma::{RdmaConfig, RdmaEndpoint};
 
@@ -88,18 +88,11 @@ impl DeviceOptions {
         if let Ok(v) = std::env::var("FERROCE_ENGINE") {
             d.mode = parse_mode(&v)?;
         }
-        if let Ok(v) = std::env::var("FERROCE_ACK_DELAY_US") {
-            let us: u64 = v
-                .trim()
-                .parse()
-                .map_err(|_| Error::Env(format!("FERROCE_ACK_DELAY_US={v:?} is not a number")))?;
+        if let Some(us) = env_number::<u64>("FERROCE_ACK_DELAY_US")? {
             d.ack_delay = (us > 0).then(|| Duration::from_micros(us));
         }
-        if let Ok(v) = std::env::var("FERROCE_ACK_COALESCE") {
-            d.ack_coalesce = v
-                .trim()
-                .parse()
-                .map_err(|_| Error::Env(format!("FERROCE_ACK_COALESCE={v:?} is not a number")))?;
+        if let Some(n) = env_number("FERROCE_ACK_COALESCE")? {
+            d.ack_coalesce = n;
         }
         Ok(d)
     }

@@ -27,7 +27,7 @@ use super::region::{prefaulted, SharedRegion};
 use super::wire::{self, QpAddr, LEN_MASK};
 use super::{exchange_fold_whole, Fold, RecvSpec, SendSpec, Transport};
 use crate::bootstrap::Rendezvous;
-use crate::error::{Error, Result};
+use crate::error::{env_number, Error, Result};
 
 /// Settings of the RDMA transport.
 #[derive(Debug, Clone, Copy)]
@@ -64,27 +64,17 @@ impl RdmaConfig {
     /// Defaults, overridden by `FERROCE_COLL_CHUNK` (bytes), `FERROCE_COLL_SLOTS`,
     /// `FERROCE_COLL_SPIN_US` and `FERROCE_COLL_ACK_TIMEOUT` (exponent).
     pub fn from_env() -> Result<RdmaConfig> {
-        fn var<T: std::str::FromStr>(k: &str) -> Result<Option<T>> {
-            match std::env::var(k) {
-                Err(_) => Ok(None),
-                Ok(v) => v
-                    .trim()
-                    .parse()
-                    .map(Some)
-                    .map_err(|_| Error::Env(format!("{k}={v:?} is not a number"))),
-            }
-        }
         let mut c = RdmaConfig::default();
-        if let Some(v) = var("FERROCE_COLL_CHUNK")? {
+        if let Some(v) = env_number("FERROCE_COLL_CHUNK")? {
             c.chunk = v;
         }
-        if let Some(v) = var("FERROCE_COLL_SLOTS")? {
+        if let Some(v) = env_number("FERROCE_COLL_SLOTS")? {
             c.slots = v;
         }
-        if let Some(v) = var("FERROCE_COLL_SPIN_US")? {
+        if let Some(v) = env_number("FERROCE_COLL_SPIN_US")? {
             c.spin = Duration::from_micros(v);
         }
-        if let Some(v) = var("FERROCE_COLL_ACK_TIMEOUT")? {
+        if let Some(v) = env_number("FERROCE_COLL_ACK_TIMEOUT")? {
             c.ack_timeout = v;
         }
         Ok(c)
