@@ -293,6 +293,15 @@ fn new_tx_msg() -> Box<TxMsg> {
     })
 }
 
+/// A receive header's fields the kernel writes back (name and control
+/// lengths, flags, datagram length), set for the next receive.
+fn reset_written_back(h: &mut libc::mmsghdr) {
+    h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    h.msg_hdr.msg_controllen = CMSG_ROOM as _;
+    h.msg_hdr.msg_flags = 0;
+    h.msg_len = 0;
+}
+
 fn empty_mmsghdr() -> libc::mmsghdr {
     // SAFETY: mmsghdr is plain old data; all-zero (null pointers, 0 lengths) is valid.
     unsafe { std::mem::zeroed() }
@@ -443,11 +452,7 @@ impl UdpIo {
     /// up all of them on every call cost a polling rank ~14 % of its time.
     fn prepare_rx(&mut self, n: usize) {
         for h in self.rx_hdrs.iter_mut().take(self.rx_dirty) {
-            h.msg_hdr.msg_namelen =
-                std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_hdr.msg_controllen = CMSG_ROOM as _;
-            h.msg_hdr.msg_flags = 0;
-            h.msg_len = 0;
+            reset_written_back(h);
         }
         self.rx_dirty = 0;
         for (slot, h) in self
@@ -461,14 +466,10 @@ impl UdpIo {
             slot.iov.iov_base = data.as_mut_ptr().cast();
             slot.iov.iov_len = data.len();
             h.msg_hdr.msg_name = (&mut slot.name as *mut libc::sockaddr_storage).cast();
-            h.msg_hdr.msg_namelen =
-                std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             h.msg_hdr.msg_iov = &mut slot.iov;
             h.msg_hdr.msg_iovlen = 1;
             h.msg_hdr.msg_control = slot.control.as_mut_ptr().cast();
-            h.msg_hdr.msg_controllen = CMSG_ROOM as _;
-            h.msg_hdr.msg_flags = 0;
-            h.msg_len = 0;
+            reset_written_back(h);
         }
         self.rx_armed = self.rx_armed.max(n.min(self.rx_hdrs.len()));
     }
