@@ -327,16 +327,10 @@ fn udp_messages_wait_for_a_full_send_buffer_to_drain() {
     } = p;
     let n = 60u32;
     let reader = std::thread::spawn(move || {
-        let mut got = Vec::new();
-        let t0 = std::time::Instant::now();
-        while got.len() < n as usize && t0.elapsed() < std::time::Duration::from_secs(5) {
-            if b.recv(64, &mut |f: &[u8]| got.extend(check(f, ea, eb)))
-                .unwrap()
-                == 0
-            {
-                b.wait(Some(std::time::Duration::from_millis(5))).unwrap();
-            }
-        }
+        let got: Vec<u32> = recv_until(&mut b, n as usize, ea, eb, 5)
+            .into_iter()
+            .map(|(seq, _)| seq)
+            .collect();
         (b, got)
     });
     let frames: Vec<Vec<u8>> = (0..n)

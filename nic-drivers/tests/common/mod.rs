@@ -88,7 +88,7 @@ pub fn check(got: &[u8], from: End, to: End) -> Option<u32> {
     Some(seq)
 }
 
-fn recv_until(io: &mut Io, n: usize, from: End, to: End, secs: u64) -> Vec<(u32, usize)> {
+pub fn recv_until(io: &mut Io, n: usize, from: End, to: End, secs: u64) -> Vec<(u32, usize)> {
     let deadline = Instant::now() + Duration::from_secs(secs);
     let mut out = Vec::new();
     while out.len() < n && Instant::now() < deadline {
