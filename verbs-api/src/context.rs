@@ -38,7 +38,8 @@ pub struct PortAttr {
     /// IB path MTU in bytes the link allows (rxe: largest ≤ Ethernet MTU − 80).
     pub active_mtu: u32,
     pub max_mtu: u32,
-    /// Ethernet MTU of the interface.
+    /// Ethernet MTU the port carries: the interface's, or less where the
+    /// packet engine carries less (AF_XDP before Linux 6.6: one 4 KiB chunk).
     pub eth_mtu: u32,
     pub gid_tbl_len: u32,
     pub active: bool,
@@ -58,6 +59,8 @@ pub(crate) struct Shared {
     pub backend: &'static str,
     pub mac: [u8; 6],
     pub eth_mtu: u32,
+    /// The largest path MTU the packet engine can carry.
+    pub max_mtu: u32,
     pub gids: Vec<Ipv6Addr>,
     pub ifname: Option<String>,
     pub netns: Option<String>,
@@ -177,13 +180,17 @@ impl Context {
         opts: OpenOptions,
     ) -> Result<Context> {
         let mac = io.mac();
+        // The engine may carry less than the interface (AF_XDP on a kernel
+        // without multi-buffer sockets: one 4 KiB chunk per frame).
+        let engine_mtu = io.max_frame_len().saturating_sub(14) as u32;
         let eth_mtu = match iface {
-            Some(i) => i.mtu,
-            None => (io.max_frame_len().saturating_sub(14)) as u32,
+            Some(i) => i.mtu.min(engine_mtu),
+            None => engine_mtu,
         };
         let mut c = opts.core;
         // UD QPs take the port's MTU (rxe does the same).
         c.port_mtu = device::ib_mtu_for(eth_mtu);
+        c.max_mtu = device::ib_mtu_for(engine_mtu);
         let attr = DeviceAttr {
             max_qp: c.max_qp,
             max_qp_wr: c.max_qp_wr,
@@ -229,6 +236,7 @@ impl Context {
                 backend,
                 mac,
                 eth_mtu,
+                max_mtu: device::ib_mtu_for(engine_mtu),
                 gids,
                 ifname: iface.map(|i| i.name.clone()),
                 netns: None,
@@ -259,7 +267,7 @@ impl Context {
         let mtu = device::ib_mtu_for(self.shared.eth_mtu);
         PortAttr {
             active_mtu: mtu,
-            max_mtu: 4096,
+            max_mtu: self.shared.max_mtu,
             eth_mtu: self.shared.eth_mtu,
             gid_tbl_len: self.shared.gids.len() as u32,
             active: true,

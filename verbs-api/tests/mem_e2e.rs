@@ -465,3 +465,69 @@ fn polling_mode_sends_the_ack_with_the_answer() {
     }
     assert!(conclusive > 0, "no round was free of keeper steps");
 }
+
+/// An engine that carries frames of at most 3840 bytes (AF_XDP on a kernel before 6.6: one
+/// 4 KiB chunk less the XDP headroom) makes a port with active and max MTU 2048; a QP given
+/// PATH_MTU 4096 is refused at once (as rxe refuses one above its max_mtu) instead of sending
+/// frames the engine would drop, and one at 2048 moves a multi-packet WRITE.
+#[test]
+fn an_engine_that_carries_less_caps_the_port_mtu() {
+    let cfg = ferroce_nic::mem::SwitchConfig {
+        max_frame_len: 3840,
+        ..Default::default()
+    };
+    let (a, b) = ferroce_nic::mem::pair_with(cfg).unwrap();
+    let ga: Ipv6Addr = "::ffff:198.18.0.1".parse().unwrap();
+    let gb: Ipv6Addr = "::ffff:198.18.0.2".parse().unwrap();
+    let ca = Context::with_io(Box::new(a), "mem0", vec![ga], 1, OpenOptions::default()).unwrap();
+    let cb = Context::with_io(Box::new(b), "mem1", vec![gb], 2, OpenOptions::default()).unwrap();
+    let port = ca.query_port();
+    assert_eq!((port.active_mtu, port.max_mtu), (2048, 2048));
+
+    let (pa, pb) = (ca.alloc_pd(), cb.alloc_pd());
+    let (cqa, cqb) = (ca.create_cq(16).unwrap(), cb.create_cq(16).unwrap());
+    let qa = pa.create_qp().build(&cqa, &cqa).unwrap();
+    let qb = pb.create_qp().build(&cqb, &cqb).unwrap();
+    let opts = |mtu: u32| {
+        move |psn: u32| ConnectOptions {
+            local_psn: psn,
+            path_mtu: mtu,
+            ..ConnectOptions::default()
+        }
+    };
+    qa.to_init(&opts(4096)(1)).unwrap();
+    let remote = RemoteQp {
+        qpn: qb.qpn(),
+        psn: 2,
+        gid: gb,
+    };
+    let err = qa.connect(&ca, &remote, &opts(4096)(1)).unwrap_err();
+    assert!(err.to_string().contains("PATH_MTU"), "{err}");
+    qa.modify(
+        &ferroce_verbs::QpAttr {
+            qp_state: ferroce_verbs::QpState::Reset,
+            ..Default::default()
+        },
+        ferroce_verbs::QpAttrMask::STATE,
+    )
+    .unwrap();
+    connect_pair((&ca, &qa), (&cb, &qb), opts(2048));
+
+    let ma = pa.reg_mr(20_000, all_access()).unwrap();
+    let mb = pb.reg_mr(20_000, all_access()).unwrap();
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + 3) as u8).collect();
+    ma.write(0, &data).unwrap();
+    let sge = [ma.sge(0, 20_000)];
+    let write = SendOp::RdmaWrite {
+        remote_addr: mb.addr(),
+        rkey: mb.rkey(),
+    };
+    let mut wr = SendWr::new(1, write, &sge);
+    wr.flags.signaled = true;
+    qa.post_send(&[wr]).unwrap();
+    let wc = cqa.poll_n(1, T).unwrap()[0];
+    assert_eq!(wc.status, WcStatus::Success);
+    let mut got = vec![0u8; 20_000];
+    mb.read(0, &mut got).unwrap();
+    assert_eq!(got, data);
+}

@@ -6,7 +6,9 @@
 //! EUPL dependency). Per queue: a UMEM of 4 KiB chunks (first part RX, the
 //! rest TX slots of 3 contiguous chunks so a 9 KB frame can be written in one
 //! piece), fill/completion/RX/TX rings, bound with XDP_USE_SG so frames larger
-//! than a chunk travel as several descriptors (XDP_PKT_CONTD). Zero-copy bind
+//! than a chunk travel as several descriptors (XDP_PKT_CONTD); kernels before
+//! 6.6 refuse that flag, and there a frame must fit one chunk (RoCE MTU 2048
+//! at most, which the device then offers). Zero-copy bind
 //! is tried first and falls back to copy mode (veth supports only copy).
 //! Native (driver) mode is tried first with BPF_F_XDP_HAS_FRAGS (required on
 //! veth at MTU 9000), then generic (skb) mode. The program is attached with
@@ -32,6 +34,10 @@ const ETHTOOL_GCHANNELS: u32 = 0x3c;
 
 /// Chunk size: one page (the largest aligned-mode chunk).
 pub(super) const CHUNK: usize = 4096;
+/// What copy mode keeps free in front of each received frame
+/// (include/uapi/linux/bpf.h), so without XDP_USE_SG a frame can be at most
+/// `CHUNK - XDP_PACKET_HEADROOM` bytes.
+const XDP_PACKET_HEADROOM: usize = 256;
 /// Chunks per TX slot: 3 × 4 KiB holds a 9018-byte frame contiguously.
 pub(super) const TX_SLOT_CHUNKS: usize = 3;
 
@@ -215,6 +221,11 @@ impl AfXdpIo {
                 "copy"
             }
         );
+        let max_frame_len = (mtu + 18).min(if xsks.iter().all(|x| x.frags) {
+            TX_SLOT_CHUNKS * CHUNK
+        } else {
+            CHUNK - XDP_PACKET_HEADROOM
+        });
         Ok(AfXdpIo {
             xsks,
             _link: link,
@@ -222,7 +233,7 @@ impl AfXdpIo {
             _map: map,
             epoll,
             mac,
-            max_frame_len: (mtu + 18).min(TX_SLOT_CHUNKS * CHUNK),
+            max_frame_len,
             mtu,
             mode,
             next_rx: 0,

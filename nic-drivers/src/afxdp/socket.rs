@@ -34,6 +34,8 @@ pub(super) struct Xsk {
     pub(super) partial: Vec<u8>,
     pub(super) in_frame: bool,
     pub(super) zero_copy: bool,
+    // Bound with XDP_USE_SG: a frame may span several chunks.
+    pub(super) frags: bool,
     pub(super) rx_frames: u64,
 }
 
@@ -91,8 +93,11 @@ impl Xsk {
         };
         let mut zero_copy = false;
         let mut bound = false;
+        // Kernels before 6.6 know no XDP_USE_SG and refuse it (EINVAL); there
+        // a frame must fit one chunk, and `frags` says so to the caller.
+        let mut sg = XDP_USE_SG;
         if cfg.try_zero_copy {
-            match bind(XDP_ZEROCOPY | XDP_USE_NEED_WAKEUP | XDP_USE_SG) {
+            match bind(XDP_ZEROCOPY | XDP_USE_NEED_WAKEUP | sg) {
                 Ok(()) => {
                     zero_copy = true;
                     bound = true;
@@ -105,8 +110,14 @@ impl Xsk {
             // queue while the kernel tears it down (deferred); wait for it.
             let t0 = std::time::Instant::now();
             loop {
-                match bind(XDP_COPY | XDP_USE_NEED_WAKEUP | XDP_USE_SG) {
+                match bind(XDP_COPY | XDP_USE_NEED_WAKEUP | sg) {
                     Ok(()) => break,
+                    Err(NicError::Sys { source, .. })
+                        if source.raw_os_error() == Some(libc::EINVAL) && sg != 0 =>
+                    {
+                        tracing::debug!("XDP_USE_SG refused (kernel < 6.6): one chunk per frame");
+                        sg = 0;
+                    }
                     Err(NicError::Sys { source, .. })
                         if source.raw_os_error() == Some(libc::EBUSY)
                             && t0.elapsed() < Duration::from_secs(3) =>
@@ -129,6 +140,7 @@ impl Xsk {
             partial: Vec::new(),
             in_frame: false,
             zero_copy,
+            frags: sg != 0,
             rx_frames: 0,
         };
         for i in 0..rx_chunks {

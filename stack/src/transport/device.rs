@@ -20,7 +20,7 @@ use crate::wire::{bth, icrc, ParsedPacket, Transport};
 
 use super::counters::{HwCounter, HwCounters};
 use super::cq::{Cq, CqHandle};
-use super::error::VerbsError;
+use super::error::{ModifyError, VerbsError};
 use super::mr::{AccessFlags, MemoryRegion, MrTable, PdHandle};
 use super::qp::{check_modify, Qp, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType};
 use super::split::{SplitState, TxPayload, TxSplit};
@@ -45,6 +45,10 @@ pub struct Config {
     /// The port's active path MTU in bytes. UD QPs have no path MTU
     /// attribute; like rxe they use the port's (rxe_av / port attr).
     pub port_mtu: u32,
+    /// The largest path MTU a QP may be given (ibv_port_attr.max_mtu; rxe
+    /// rejects a larger PATH_MTU with EINVAL in rxe_qp_chk_attr). 4096
+    /// unless the packet engine carries less.
+    pub max_mtu: u32,
     /// Responder ACK coalescing: an RC responder may hold back the ACK of a
     /// SEND/WRITE that asked for one this long, so that one ACK covers the
     /// packets that follow (IBTA ACK coalescing: an ACK acknowledges every
@@ -71,6 +75,7 @@ impl Default for Config {
             // rxe's active MTU on a 1500-byte Ethernet link; the verbs
             // layer sets the interface's own.
             port_mtu: 1024,
+            max_mtu: 4096,
             ack_delay: None,
             ack_coalesce: 4,
         }
@@ -536,6 +541,13 @@ impl Core {
             return Err(VerbsError::NotFound("queue pair"));
         };
         let to = check_modify(qp.qp_type, qp.state, attr, mask)?;
+        if mask.contains(QpAttrMask::PATH_MTU) && attr.path_mtu > self.cfg.max_mtu {
+            return Err(ModifyError::InvalidValue {
+                attr: "PATH_MTU",
+                value: u64::from(attr.path_mtu),
+            }
+            .into());
+        }
         let from = qp.state;
         let mut ctx = split!(self, Instant::ZERO);
         if to == QpState::Reset {
