@@ -41,7 +41,7 @@ enum Cmd {
     /// Speed comparison: rxe ⇄ rxe against ferroce ⇄ ferroce inside the same two VMs.
     Speed {
         /// ferroce backends to run inside the VMs.
-        #[arg(long, value_delimiter = ',', default_value = "afpacket,udp")]
+        #[arg(long, value_delimiter = ',', default_value = "afpacket,udp,afxdp")]
         backends: Vec<String>,
         /// Iterations: 64 KiB WRITE bw, 1 MiB WRITE bw, 8 B SEND lat.
         #[arg(long, value_delimiter = ',', default_value = "300,30,300")]

@@ -431,6 +431,7 @@ struct LineReader {
 
 impl LineReader {
     fn read_line(&mut self, vm: &str, what: &str, deadline: Instant) -> Result<Vec<u8>> {
+        let started = Instant::now();
         loop {
             if let Some(pos) = self.buf.iter().position(|&b| b == b'\n') {
                 let mut line: Vec<u8> = self.buf.drain(..=pos).collect();
@@ -442,7 +443,7 @@ impl LineReader {
                 return Err(Error::Timeout {
                     vm: vm.to_owned(),
                     what: what.to_owned(),
-                    after: Duration::ZERO,
+                    after: started.elapsed(),
                 });
             }
             self.stream
