@@ -383,6 +383,15 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Restores the default action of SIGPIPE (Rust ignores it), so that a
+/// command-line tool whose output pipe closes (`ferroce devices | head`) ends
+/// quietly, as C tools do, instead of panicking in `println!`.
+pub fn default_sigpipe() {
+    // SAFETY: setting a signal's disposition to SIG_DFL installs no handler
+    // and touches no memory; called once at start-up.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
 /// Waits until `fd` polls readable or `timeout` passes (`None` = forever), for
 /// engines that sleep on a backend's [`PacketIo::poll_fd`] without holding the
 /// backend itself (it may be locked by another thread meanwhile).

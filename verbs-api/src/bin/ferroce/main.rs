@@ -76,6 +76,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    ferroce_nic::default_sigpipe();
     let cli = Cli::parse();
     match cli.command {
         Command::CollBench { args } => coll_bench(&args),
