@@ -117,6 +117,12 @@ impl Xsk {
                     {
                         tracing::debug!("XDP_USE_SG refused (kernel < 6.6): one chunk per frame");
                         sg = 0;
+                        // The zero-copy try above carried the flag too and
+                        // may have failed for that alone: try it without.
+                        if cfg.try_zero_copy && bind(XDP_ZEROCOPY | XDP_USE_NEED_WAKEUP).is_ok() {
+                            zero_copy = true;
+                            break;
+                        }
                     }
                     Err(NicError::Sys { source, .. })
                         if source.raw_os_error() == Some(libc::EBUSY)
