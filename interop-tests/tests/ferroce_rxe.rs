@@ -827,14 +827,23 @@ fn pingpong_interop() {
 }
 
 /// Both sides printed their results and found no invalid data.
+/// What is wrong with one side's ping-pong output, worded to follow "<who> side": data the
+/// tool found wrong (`-c`), or a run that ended well without its results line.
+fn pingpong_problem(out: &Output) -> Option<&'static str> {
+    let text = format!("{}{}", out.stdout_str(), out.stderr_str());
+    if text.contains("invalid data") {
+        return Some(": invalid data");
+    }
+    if out.success() && !text.contains("iters in") {
+        return Some(" printed no results line");
+    }
+    None
+}
+
 fn pingpong_extra(o: &Outcome) -> Result<String, String> {
     for (who, out) in [("rxe", &o.vm), ("ferroce", &o.host)] {
-        let text = format!("{}{}", out.stdout_str(), out.stderr_str());
-        if text.contains("invalid data") {
-            return Err(format!("{who} side: invalid data"));
-        }
-        if out.success() && !text.contains("iters in") {
-            return Err(format!("{who} side printed no results line"));
+        if let Some(problem) = pingpong_problem(out) {
+            return Err(format!("{who} side{problem}"));
         }
     }
     let usec = o
@@ -1537,10 +1546,7 @@ fn afxdp_on_the_vm_kernel(env: &Env) -> Vec<Row> {
         })();
         let (verdict, note) = match result {
             Ok((vm_out, host)) => {
-                let good = |o: &Output| {
-                    let text = format!("{}{}", o.stdout_str(), o.stderr_str());
-                    o.success() && text.contains("iters in") && !text.contains("invalid data")
-                };
+                let good = |o: &Output| o.success() && pingpong_problem(o).is_none();
                 if good(&vm_out) && good(&host) {
                     (Verdict::Pass, format!("VM kernel {kernel}"))
                 } else {

@@ -190,7 +190,8 @@ impl Context {
         let mut c = opts.core;
         // UD QPs take the port's MTU (rxe does the same).
         c.port_mtu = device::ib_mtu_for(eth_mtu);
-        c.max_mtu = device::ib_mtu_for(engine_mtu);
+        let max_mtu = device::ib_mtu_for(engine_mtu);
+        c.max_mtu = max_mtu;
         let attr = DeviceAttr {
             max_qp: c.max_qp,
             max_qp_wr: c.max_qp_wr,
@@ -236,7 +237,7 @@ impl Context {
                 backend,
                 mac,
                 eth_mtu,
-                max_mtu: device::ib_mtu_for(engine_mtu),
+                max_mtu,
                 gids,
                 ifname: iface.map(|i| i.name.clone()),
                 netns: None,

@@ -488,20 +488,18 @@ fn an_engine_that_carries_less_caps_the_port_mtu() {
     let (cqa, cqb) = (ca.create_cq(16).unwrap(), cb.create_cq(16).unwrap());
     let qa = pa.create_qp().build(&cqa, &cqa).unwrap();
     let qb = pb.create_qp().build(&cqb, &cqb).unwrap();
-    let opts = |mtu: u32| {
-        move |psn: u32| ConnectOptions {
-            local_psn: psn,
-            path_mtu: mtu,
-            ..ConnectOptions::default()
-        }
+    let opts = |psn: u32, mtu: u32| ConnectOptions {
+        local_psn: psn,
+        path_mtu: mtu,
+        ..ConnectOptions::default()
     };
-    qa.to_init(&opts(4096)(1)).unwrap();
+    qa.to_init(&opts(1, 4096)).unwrap();
     let remote = RemoteQp {
         qpn: qb.qpn(),
         psn: 2,
         gid: gb,
     };
-    let err = qa.connect(&ca, &remote, &opts(4096)(1)).unwrap_err();
+    let err = qa.connect(&ca, &remote, &opts(1, 4096)).unwrap_err();
     assert!(err.to_string().contains("PATH_MTU"), "{err}");
     qa.modify(
         &ferroce_verbs::QpAttr {
@@ -511,7 +509,7 @@ fn an_engine_that_carries_less_caps_the_port_mtu() {
         ferroce_verbs::QpAttrMask::STATE,
     )
     .unwrap();
-    connect_pair((&ca, &qa), (&cb, &qb), opts(2048));
+    connect_pair((&ca, &qa), (&cb, &qb), |psn| opts(psn, 2048));
 
     let ma = pa.reg_mr(20_000, all_access()).unwrap();
     let mb = pb.reg_mr(20_000, all_access()).unwrap();

@@ -51,6 +51,7 @@ pub fn run(all: bool) -> i32 {
             return 1;
         }
     };
+    let afxdp_note = afxdp_note();
     let mut shown = 0;
     for iface in &list {
         let b = backends(iface);
@@ -69,7 +70,7 @@ pub fn run(all: bool) -> i32 {
             }
         );
         if b.contains(&"afxdp") {
-            if let Some(note) = afxdp_note() {
+            if let Some(note) = &afxdp_note {
                 println!("\tnote:\t\t\t{note}");
             }
         }
