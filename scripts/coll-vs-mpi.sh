@@ -9,7 +9,8 @@
 #
 # Environment: CARGO_TARGET_DIR (where the release build goes); COLL_BENCH (a
 # ferroce-coll-bench binary to run instead of building one, for A/B runs); FERROCE_BACKEND,
-# FERROCE_ENGINE, FERROCE_ALLREDUCE_ALGO, FERROCE_COLL_*, FERROCE_ACK_DELAY_US (passed to the ferroce ranks).
+# FERROCE_ENGINE, FERROCE_ALLREDUCE_ALGO, FERROCE_COLL_*, FERROCE_ACK_DELAY_US, FERROCE_ACK_COALESCE,
+# FERROCE_UDP_GATHER (passed to the ferroce ranks).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
