@@ -29,21 +29,29 @@ const MAX_IDLE_SLEEP: Duration = Duration::from_millis(20);
 /// (its waits step at least every 200 µs).
 pub const KEEPER_PERIOD: Duration = Duration::from_millis(5);
 
-/// How long the engine thread keeps polling after it last moved a frame
-/// before it sleeps on the backend's fd. A sleeping engine makes every
-/// sender wake it (a wake-up and an IPI per batch, paid by the sending core:
-/// 6 % of a WRITE client's time over veth), and polling for 50 µs gave a
-/// WRITE stream ~4 % more (0.97× against 0.93× TCP, medians of 8 interleaved
-/// rounds). But where the engine shares cores with the application (the
-/// demo's four threads on two vCPUs) it slowed an 8 B SEND round trip from
-/// ~9 µs to ~55 µs, so it is off unless `FERROCE_ENGINE_SPIN_US` asks.
-const IDLE_SPIN: Duration = Duration::ZERO;
+/// How long the engine thread keeps polling after a bulk step (one that
+/// moved at least [`BULK_STEP_FRAMES`] frames) before it sleeps on the
+/// backend's fd. A sleeping engine makes every sender wake it (a wake-up and
+/// an IPI per socket buffer, paid by the sending core: 5-6 % of a WRITE
+/// client's time over veth); polling for 50 us after traffic gave a 64 KiB
+/// WRITE stream 4-10 % more (medians of interleaved rounds against TCP).
+/// Only bulk steps arm it: after a small one (a ping-pong's single frame)
+/// the engine sleeps at once, because where it shares a core with the
+/// application (the demo's four threads on two vCPUs) polling slowed an
+/// 8 B SEND round trip from ~9 us to ~55 us.
+const BULK_SPIN: Duration = Duration::from_micros(50);
 
-fn idle_spin() -> Duration {
+/// A step that moved this many frames is bulk traffic: a GRO batch or a
+/// window of a large message, never a ping-pong's one or two.
+const BULK_STEP_FRAMES: usize = 8;
+
+/// `FERROCE_ENGINE_SPIN_US` makes the engine poll that long after *any*
+/// step that moved a frame (0 turns the bulk polling off too).
+fn spin_override() -> Option<Duration> {
     std::env::var("FERROCE_ENGINE_SPIN_US")
         .ok()
         .and_then(|v| v.parse().ok())
-        .map_or(IDLE_SPIN, Duration::from_micros)
+        .map(Duration::from_micros)
 }
 
 /// Who drives the engine.
@@ -368,8 +376,8 @@ impl Engine {
 
     /// The engine thread's loop.
     pub fn run(self: Arc<Self>) {
-        let spin = idle_spin();
-        let mut last_moved = std::time::Instant::now();
+        let over = spin_override();
+        let mut spin_until = std::time::Instant::now();
         while !self.stop.load(Ordering::Acquire) {
             let (moved, idle) = {
                 let mut inner = self.lock();
@@ -384,10 +392,17 @@ impl Engine {
             };
             if moved > 0 {
                 self.progress.notify_all();
-                last_moved = std::time::Instant::now();
+                let spin = match over {
+                    Some(d) => d,
+                    None if moved >= BULK_STEP_FRAMES => BULK_SPIN,
+                    None => Duration::ZERO,
+                };
+                if !spin.is_zero() {
+                    spin_until = std::time::Instant::now() + spin;
+                }
                 continue;
             }
-            if last_moved.elapsed() < spin {
+            if std::time::Instant::now() < spin_until {
                 // Yield, not spin: on a core shared with the application
                 // (one vCPU) it runs the application meanwhile.
                 std::thread::yield_now();
