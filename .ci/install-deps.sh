@@ -15,7 +15,8 @@ fi
 # and perftest against the library.
 need_rdma=()
 [ -f /usr/include/infiniband/verbs.h ] || need_rdma+=(libibverbs-dev)
-ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need_rdma+=(libclang-dev)
+# libclang.so itself: a machine may have only libclang-cpp (another package's), which bindgen cannot use.
+ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || need_rdma+=(libclang-dev)
 command -v ibv_rc_pingpong >/dev/null 2>&1 || need_rdma+=(ibverbs-utils)
 command -v ib_write_bw >/dev/null 2>&1 || need_rdma+=(perftest)
 # collectives' rdma-core feature (sideway's rdma-mummy-sys builds its shim with cmake); its tests
