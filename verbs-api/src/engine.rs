@@ -54,6 +54,15 @@ fn spin_override() -> Option<Duration> {
         .map(Duration::from_micros)
 }
 
+/// How long the engine thread polls after a step that moved `moved` frames.
+fn poll_after_step(moved: usize, over: Option<Duration>) -> Duration {
+    match over {
+        Some(d) => d,
+        None if moved >= BULK_STEP_FRAMES => BULK_SPIN,
+        None => Duration::ZERO,
+    }
+}
+
 /// Who drives the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineMode {
@@ -392,11 +401,7 @@ impl Engine {
             };
             if moved > 0 {
                 self.progress.notify_all();
-                let spin = match over {
-                    Some(d) => d,
-                    None if moved >= BULK_STEP_FRAMES => BULK_SPIN,
-                    None => Duration::ZERO,
-                };
+                let spin = poll_after_step(moved, over);
                 if !spin.is_zero() {
                     spin_until = std::time::Instant::now() + spin;
                 }
@@ -412,5 +417,28 @@ impl Engine {
                 self.wait_io(idle);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_bulk_steps_keep_the_engine_polling() {
+        // A ping-pong's steps move one or two frames: sleep at once.
+        assert_eq!(poll_after_step(1, None), Duration::ZERO);
+        assert_eq!(poll_after_step(2, None), Duration::ZERO);
+        assert_eq!(poll_after_step(BULK_STEP_FRAMES - 1, None), Duration::ZERO);
+        // A GRO batch or a window of a large message.
+        assert_eq!(poll_after_step(BULK_STEP_FRAMES, None), BULK_SPIN);
+        assert_eq!(poll_after_step(STEP_LIMIT, None), BULK_SPIN);
+        // FERROCE_ENGINE_SPIN_US applies to every step, and 0 turns polling off.
+        let us = Duration::from_micros(7);
+        assert_eq!(poll_after_step(1, Some(us)), us);
+        assert_eq!(
+            poll_after_step(STEP_LIMIT, Some(Duration::ZERO)),
+            Duration::ZERO
+        );
     }
 }
