@@ -322,10 +322,35 @@ fn vm_pair(srv: &RxeVm, cli: &RxeVm, cmd: &str) -> Result<Output> {
     vm_pair_cmds(srv, cli, cmd, &format!("{cmd} {}", srv.ip()))
 }
 
+/// A run that timed out may have wedged its VM (its agent stopped answering): what the
+/// guest kernel said last (a soft lockup, an RCU stall, a driver error) goes to stderr.
+fn print_console_tails(vms: &[&RxeVm]) {
+    for vm in vms {
+        let log = vm.console_log();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines
+            .get(lines.len().saturating_sub(CONSOLE_TAIL)..)
+            .unwrap_or_default();
+        eprintln!(
+            "speed: VM {} console, last {} lines:\n{}",
+            vm.name(),
+            tail.len(),
+            tail.join("\n")
+        );
+    }
+}
+
+/// Console lines shown for a VM when a run times out.
+const CONSOLE_TAIL: usize = 20;
+
 fn vm_pair_cmds(srv: &RxeVm, cli: &RxeVm, server: &str, client: &str) -> Result<Output> {
     let job = srv.spawn(server)?;
     srv.wait_listening(PORT, Duration::from_secs(30))?;
-    let out = cli.run_timeout(client, RUN_TIMEOUT)?;
+    let out = cli.run_timeout(client, RUN_TIMEOUT).inspect_err(|e| {
+        if matches!(e, Error::Timeout { .. }) {
+            print_console_tails(&[srv, cli]);
+        }
+    })?;
     let server_out = job.wait_timeout(Duration::from_secs(30));
     // A failed server makes the run fail even when the client printed a figure.
     match server_out {
