@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::vm::{which, Error, Output, Result};
+use crate::vm::{tail, which, Error, Output, Result};
 
 /// The `ferroce` binary: `$FERROCE_BIN` if set, else built (release) with cargo into the target
 /// folder of the running executable (`<target>/<profile>/deps/<test>` → `<target>`), so a test
@@ -57,7 +57,7 @@ fn build_ferroce() -> Result<PathBuf> {
     if !out.status.success() {
         return Err(Error::HostCommand {
             cmd: "cargo build --release -p ferroce-verbs --bin ferroce".into(),
-            detail: tail_lines(&String::from_utf8_lossy(&out.stderr), 30),
+            detail: tail(&String::from_utf8_lossy(&out.stderr), 30),
         });
     }
     let bin = target.join("release").join("ferroce");
@@ -127,7 +127,7 @@ fn build_coll_bench() -> Result<PathBuf> {
     if !out.status.success() {
         return Err(Error::HostCommand {
             cmd: format!("cargo {}", args.join(" ")),
-            detail: tail_lines(&String::from_utf8_lossy(&out.stderr), 30),
+            detail: tail(&String::from_utf8_lossy(&out.stderr), 30),
         });
     }
     let bin = target.join("release").join("ferroce-coll-bench");
@@ -146,11 +146,6 @@ fn target_dir_of(exe: &Path) -> Option<PathBuf> {
         dir = dir.parent()?;
     }
     Some(dir.parent()?.to_path_buf())
-}
-
-fn tail_lines(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// A process on the host (usually `ip netns exec <lab> ...`), its output going to files.
@@ -391,7 +386,7 @@ pub fn check_capture(ferroce: &Path, pcap: &Path) -> Result<CaptureCheck> {
         .map(str::to_owned)
         .collect();
     if !out.status.success() && check.decode_problems.is_empty() {
-        check.decode_problems.push(tail_lines(
+        check.decode_problems.push(tail(
             &format!("{}{}", text, String::from_utf8_lossy(&out.stderr)),
             5,
         ));
@@ -411,7 +406,7 @@ pub fn check_capture(ferroce: &Path, pcap: &Path) -> Result<CaptureCheck> {
     if !out.status.success() {
         check.tshark_note = Some(format!(
             "tshark failed: {}",
-            tail_lines(&String::from_utf8_lossy(&out.stderr), 3)
+            tail(&String::from_utf8_lossy(&out.stderr), 3)
         ));
         check.frames = count_frames(pcap);
         return Ok(check);

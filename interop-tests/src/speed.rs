@@ -326,16 +326,10 @@ fn vm_pair(srv: &RxeVm, cli: &RxeVm, cmd: &str) -> Result<Output> {
 /// guest kernel said last (a soft lockup, an RCU stall, a driver error) goes to stderr.
 fn print_console_tails(vms: &[&RxeVm]) {
     for vm in vms {
-        let log = vm.console_log();
-        let lines: Vec<&str> = log.lines().collect();
-        let tail = lines
-            .get(lines.len().saturating_sub(CONSOLE_TAIL)..)
-            .unwrap_or_default();
         eprintln!(
-            "speed: VM {} console, last {} lines:\n{}",
+            "speed: VM {} console, last {CONSOLE_TAIL} lines:\n{}",
             vm.name(),
-            tail.len(),
-            tail.join("\n")
+            crate::vm::tail(&vm.console_log(), CONSOLE_TAIL)
         );
     }
 }

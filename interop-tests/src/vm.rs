@@ -1127,7 +1127,8 @@ fn path_str(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-fn tail(text: &str, lines: usize) -> String {
+/// The last `lines` lines of `text`.
+pub(crate) fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
