@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::host::HostJob;
-use crate::vm::{Error, Output, Result, RxeLab, RxeVm, VmConfig};
+use crate::vm::{tail, Error, Output, Result, RxeLab, RxeVm, VmConfig};
 
 /// TCP port of perftest's exchange.
 const PORT: u16 = 18515;
@@ -329,7 +329,7 @@ fn print_console_tails(vms: &[&RxeVm]) {
         eprintln!(
             "speed: VM {} console, last {CONSOLE_TAIL} lines:\n{}",
             vm.name(),
-            crate::vm::tail(&vm.console_log(), CONSOLE_TAIL)
+            tail(&vm.console_log(), CONSOLE_TAIL)
         );
     }
 }

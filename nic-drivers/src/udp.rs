@@ -101,7 +101,8 @@ pub struct UdpConfig {
     /// whose `rep movsb` is 15-20x slower on AMD EPYC when the destination
     /// lies 1-15 bytes past the source modulo 4 KiB (64 KiB copies); the
     /// default copies a GSO message's payloads at one offset, gather at one
-    /// that moves by 16 bytes a packet, and neither chooses the kernel's.
+    /// that moves by 16 bytes a packet; neither can choose the kernel's
+    /// destination offset.
     pub gather: bool,
 }
 
