@@ -94,21 +94,24 @@ pub struct UdpConfig {
     pub tx_icrc_valid: bool,
     /// `transmit_gather` sends payloads from where the source keeps them
     /// (scatter/gather sendmsg), so the kernel's copy is the only one; off,
-    /// it joins each frame in the arena first, as `transmit`. Off by
-    /// default: over veth, 64 KiB WRITEs in interleaved runs, it has measured
-    /// from ~15 % slower to ~10 % faster than copying the payload in user
-    /// space, depending on the session. Both paths meet the kernel's copy,
-    /// whose `rep movsb` is 15-20x slower on AMD EPYC when the destination
-    /// lies 1-15 bytes past the source modulo 4 KiB (64 KiB copies); the
-    /// default copies a GSO message's payloads at one offset, gather at one
-    /// that moves by 16 bytes a packet; neither can choose the kernel's
-    /// destination offset.
+    /// it joins each frame in the arena first, as `transmit`. On by default:
+    /// over veth, 64 KiB WRITEs in interleaved runs, it was ahead of the
+    /// joined path by 2-3 % in the client's CPU per GB (10 rounds, 2026-12-04)
+    /// and by 2-11 % in bandwidth between two TCG VMs, after earlier sessions
+    /// had measured it from ~15 % slower to ~10 % faster. Both paths meet
+    /// the kernel's copy, whose `rep movsb` is 15-20x slower on AMD EPYC
+    /// when the destination lies 1-15 bytes past the source modulo 4 KiB
+    /// (64 KiB copies): the joined path copies a GSO message's payloads at
+    /// one offset, so a whole message can land on it, gather at one that
+    /// moves by 16 bytes a packet, so at most one packet in 256 does;
+    /// neither can choose the kernel's destination offset.
     pub gather: bool,
 }
 
 impl UdpConfig {
-    /// Defaults for `bind`: batch 64, 9000-byte MTU frames, GSO and GRO on,
-    /// io_uring off (no gain measured on this kind of machine, MACHINE.md §3).
+    /// Defaults for `bind`: batch 64, 9000-byte MTU frames, GSO, GRO and
+    /// gather on, io_uring off (no gain measured on this kind of machine,
+    /// MACHINE.md §3).
     pub fn new(bind: SocketAddr) -> Self {
         UdpConfig {
             bind,
@@ -120,7 +123,7 @@ impl UdpConfig {
             socket_buffer: 8 << 20,
             mac: frame::mac_for_ip(bind.ip()),
             tx_icrc_valid: false,
-            gather: false,
+            gather: true,
         }
     }
 }

@@ -285,9 +285,10 @@ pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
                         c.mac = iface.mac;
                         // Only the transport core fills this backend's frames, and its ICRCs are right.
                         c.tx_icrc_valid = true;
-                        // FERROCE_UDP_GATHER=1: the kernel copies payloads
-                        // straight from the regions (UdpConfig::gather).
-                        c.gather = std::env::var("FERROCE_UDP_GATHER").is_ok_and(|v| v == "1");
+                        // The kernel copies payloads straight from the regions
+                        // (UdpConfig::gather); FERROCE_UDP_GATHER=0 joins each
+                        // frame in user space first, for comparison.
+                        c.gather = std::env::var("FERROCE_UDP_GATHER").map_or(true, |v| v != "0");
                         UdpIo::bind(c)
                             .map(|io| {
                                 let local = io.local_addr();
