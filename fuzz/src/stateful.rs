@@ -1,4 +1,4 @@
-//! Stateful targets: a transport [`Core`] with RC, UC and UD QPs in RTS (and
+//! Stateful targets: a transport [`Core`](ferroce_stack::transport::Core) with RC, UC and UD QPs in RTS (and
 //! one RC QP left in INIT), guarded memory regions, and a script of frames,
 //! timer ticks and verbs calls chosen by the fuzzer. After every step the
 //! harness checks what must hold whatever the peer sends:
@@ -6,7 +6,7 @@
 //! - no panic;
 //! - no memory access outside a registered region, into a region the peer has
 //!   no right to (no remote access, or another PD), or outside the buffers the
-//!   harness posted (receive SGEs, READ/atomic result SGEs) — see [`guard`];
+//!   harness posted (receive SGEs, READ/atomic result SGEs) — see [`guard`](crate::guard);
 //! - no completion without a matching posted work request, none twice, each
 //!   on the QP and CQ it was posted to, with a plausible opcode and length;
 //! - no more successful send completions on a QP than messages it started;

@@ -912,7 +912,7 @@ impl PacketIo for UdpIo {
         self.recv_mmsg(max, sink)
     }
 
-    /// No copy: see [`UdpIo::send_from`], here with whole frames.
+    /// No copy: see `UdpIo::send_from`, here with whole frames.
     fn transmit(&mut self, max: usize, fill: &mut TxFill<'_>) -> Result<usize, NicError> {
         self.send_from(max, &mut Whole { fill })
     }
@@ -922,7 +922,7 @@ impl PacketIo for UdpIo {
     }
 
     /// Frames whose payload lies elsewhere go out with it gathered from
-    /// there ([`UdpIo::send_from`]).
+    /// there (`UdpIo::send_from`).
     fn transmit_gather(&mut self, max: usize, src: &mut dyn TxSource) -> Result<usize, NicError> {
         if !self.cfg.gather {
             return crate::transmit_joined(self, max, src);

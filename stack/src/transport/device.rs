@@ -812,7 +812,7 @@ impl Core {
 
     /// [`Core::poll_transmit`], except that a request's payload may be left
     /// in its memory region (when it lies in one piece of a region that
-    /// offers [`MemoryRegion::as_slice`](super::MemoryRegion::as_slice)):
+    /// offers [`MemoryRegion::as_slice`]):
     /// the frame is then `buf[..head]`, the bytes [`Core::tx_payload`] gives
     /// for the returned payload, and `buf[head..head + tail]`. They stay
     /// valid, and unchanged, until the core is next borrowed mutably.

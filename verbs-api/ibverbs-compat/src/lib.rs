@@ -6,7 +6,7 @@
 //!
 //! Build the library with `cargo run --release -p ferroce-ibverbs-compat`
 //! (see `src/bin/ferroce-libibverbs.rs`). Configuration is by environment:
-//! `FERROCE_DEVICE` (interface[s]) and `FERROCE_BACKEND`
+//! `FERROCE_DEVICE` (one interface or several) and `FERROCE_BACKEND`
 //! (afxdp | afpacket | udp | auto).
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 #![allow(clippy::missing_safety_doc)]

@@ -1,4 +1,7 @@
 //! The `ferroce` command-line tool.
+// The doc comments on the argument structs are clap's help text, written for a
+// terminal: `[HOSTS]` and `<ifname>` there are not links or HTML.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;
