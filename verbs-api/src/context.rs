@@ -171,7 +171,7 @@ impl Context {
     }
 
     fn build(
-        io: Box<dyn PacketIo>,
+        mut io: Box<dyn PacketIo>,
         name: String,
         backend: &'static str,
         iface: Option<&Interface>,
@@ -179,7 +179,6 @@ impl Context {
         seed: u64,
         opts: OpenOptions,
     ) -> Result<Context> {
-        let mut io = io;
         if opts.mode == EngineMode::Polling && kernel_busy_poll() {
             // The polling thread's receives then poll the driver too (SO_BUSY_POLL and
             // friends); without CAP_NET_ADMIN the kernel may refuse, which only costs that.

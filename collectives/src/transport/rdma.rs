@@ -2,7 +2,7 @@
 //! and per direction a ring of `slots` pre-registered buffers of `chunk`
 //! bytes at the receiver.
 //!
-//! Data path: the slot/credit exchange of `exchange` (the sibling module) (chunks by
+//! Data path: the slot/credit exchange of the sibling module `exchange` (chunks by
 //! RDMA WRITE WITH IMMEDIATE into the peer's receive slots, credits riding
 //! back on data or alone in a zero-length SEND WITH IMMEDIATE). Piggybacking
 //! matters for small exchanges between the same pair (recursive doubling): a
