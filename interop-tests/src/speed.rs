@@ -341,7 +341,7 @@ fn vm_pair_cmds(srv: &RxeVm, cli: &RxeVm, server: &str, client: &str) -> Result<
     let job = srv.spawn(server)?;
     srv.wait_listening(PORT, Duration::from_secs(30))?;
     let out = cli.run_timeout(client, RUN_TIMEOUT).inspect_err(|e| {
-        if matches!(e, Error::Timeout { .. }) {
+        if matches!(e, Error::Timeout { .. } | Error::Stalled { .. }) {
             print_console_tails(&[srv, cli]);
         }
     })?;

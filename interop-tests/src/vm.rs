@@ -87,6 +87,22 @@ pub enum Error {
         /// The time-out.
         after: Duration,
     },
+    /// The VM's control agent did not answer in time: the guest stalled, or QEMU stopped
+    /// running it. The console's last lines are where the guest kernel reports a soft lockup,
+    /// an RCU stall or a driver error.
+    #[error(
+        "VM {vm}: no answer to `{what}` within {after:?} (guest stalled?)\n--- console (last lines) ---\n{console}"
+    )]
+    Stalled {
+        /// VM name.
+        vm: String,
+        /// The request that went unanswered.
+        what: String,
+        /// How long the harness waited.
+        after: Duration,
+        /// The tail of the console log.
+        console: String,
+    },
     /// A command in the VM exited with a non-zero status (from [`RxeVm::run_ok`] / [`Output::check`]).
     #[error(
         "`{cmd}` exited with status {status}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
@@ -493,9 +509,14 @@ fn parse_msg(line: &[u8]) -> Option<Msg> {
 #[derive(Debug)]
 struct Ctl {
     vm: String,
+    /// The VM's console log, quoted when the agent stalls.
+    console_log: PathBuf,
     io: Mutex<CtlIo>,
     next_id: AtomicU64,
 }
+
+/// Console lines quoted in [`Error::Stalled`].
+const STALL_CONSOLE_LINES: usize = 30;
 
 /// Slack on top of a request's own duration for the agent to answer (output crosses a serial
 /// port, which is slow under TCG).
@@ -519,11 +540,29 @@ impl Ctl {
             })
     }
 
+    /// The next line from the agent; a time-out here means the guest stopped answering.
+    fn read_line(&self, io: &mut CtlIo, what: &str, deadline: Instant) -> Result<Vec<u8>> {
+        io.reader
+            .read_line(&self.vm, what, deadline)
+            .map_err(|e| match e {
+                Error::Timeout { vm, what, after } => Error::Stalled {
+                    vm,
+                    what,
+                    after,
+                    console: tail(
+                        &std::fs::read_to_string(&self.console_log).unwrap_or_default(),
+                        STALL_CONSOLE_LINES,
+                    ),
+                },
+                other => other,
+            })
+    }
+
     /// Next message about `id`; lines that are not protocol messages or concern other ids (left
     /// over from an interrupted request) are skipped.
     fn expect(&self, io: &mut CtlIo, id: &str, what: &str, deadline: Instant) -> Result<Msg> {
         loop {
-            let line = io.reader.read_line(&self.vm, what, deadline)?;
+            let line = self.read_line(io, what, deadline)?;
             if let Some(msg) = parse_msg(&line) {
                 if msg.id == id {
                     return Ok(msg);
@@ -583,7 +622,7 @@ impl Ctl {
     ) -> Result<(Vec<u8>, String)> {
         let mut text = Vec::new();
         loop {
-            let line = io.reader.read_line(&self.vm, "job output", deadline)?;
+            let line = self.read_line(io, "job output", deadline)?;
             match parse_msg(&line) {
                 Some(msg) if msg.id == id && msg.word == word => {
                     let bytes = base64_decode(&text)
@@ -1113,6 +1152,7 @@ fn boot_in(net: &Arc<LabNet>, index: usize, config: &VmConfig, image: &Image) ->
         share,
         ctl: Arc::new(Ctl {
             vm: name,
+            console_log,
             io: Mutex::new(CtlIo { writer, reader }),
             next_id: AtomicU64::new(1),
         }),

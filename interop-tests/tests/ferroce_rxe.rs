@@ -224,6 +224,8 @@ struct Outcome {
     seconds: f64,
     /// Set when the harness itself failed (boot, spawn, listen time-out).
     harness_error: Option<String>,
+    /// The VM's control agent stopped answering during the case ([`vm::Error::Stalled`]).
+    stalled: bool,
     pcap: PathBuf,
     /// ferroce was the server.
     ferroce_server: bool,
@@ -267,6 +269,7 @@ fn run_case(env: &mut Env, case: &Case) -> Outcome {
         capture: None,
         seconds: 0.0,
         harness_error: None,
+        stalled: false,
         pcap: pcap.clone(),
         ferroce_server: case.ferroce_server,
     };
@@ -336,6 +339,7 @@ fn run_case(env: &mut Env, case: &Case) -> Outcome {
                 Ok(Some(o)) => break o,
                 Ok(None) => {}
                 Err(e) => {
+                    out.stalled = matches!(e, vm::Error::Stalled { .. });
                     out.harness_error = Some(format!("rxe client: {e}"));
                     break empty_output();
                 }
@@ -418,11 +422,14 @@ fn run_case(env: &mut Env, case: &Case) -> Outcome {
         let grace = if out.host.success() { 10 } else { 5 };
         out.vm = match job.wait_timeout(Duration::from_secs(grace)) {
             Ok(o) => o,
-            Err(e) => Output {
-                status: -1,
-                stdout: Vec::new(),
-                stderr: format!("[{e}]").into_bytes(),
-            },
+            Err(e) => {
+                out.stalled = matches!(e, vm::Error::Stalled { .. });
+                Output {
+                    status: -1,
+                    stdout: Vec::new(),
+                    stderr: format!("[{e}]").into_bytes(),
+                }
+            }
         };
     }
     // The last ACKs cross the veth before tcpdump stops.
@@ -473,21 +480,34 @@ const RXE_SERVER_HUNG: &str = "rxe server not listening after 60 s";
 /// details and returns the matrix row.
 fn judge(env: &mut Env, case: &Case, extra: Extra) -> Row {
     let mut out = run_case(env, case);
-    let mut retried = false;
-    if out.harness_error.as_deref() == Some(RXE_SERVER_HUNG) {
-        // Seen now and then in CI under TCG (a full suite run; the rerun passed): show what the
-        // VM was doing, clear any leftover tool and run the case once more.
+    let mut retried = None;
+    let why = if out.harness_error.as_deref() == Some(RXE_SERVER_HUNG) {
+        Some("the rxe server hung before listening the first time")
+    } else if out.stalled {
+        Some("the VM's agent stalled the first time")
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        // Both seen now and then in CI under TCG (full suite runs; the reruns passed, and so did
+        // the next case on the same VM): show the first try and what the VM was doing, clear
+        // any leftover tool and run the case once more. The row says it took a second try.
         let ps = env
             .vm()
-            .run("ps; pkill -9 -f ib_ ; true")
+            .run("ps | grep -v ' \\['; pkill -9 -f ib_ ; true")
             .map(|o| o.stdout_str())
-            .unwrap_or_default();
+            .unwrap_or_else(|e| format!("[{e}]\n"));
         eprintln!(
-            "{}: {RXE_SERVER_HUNG}; VM processes:\n{ps}retrying once",
-            case.tool
+            "{}: {why}; first try:\n{}\nVM processes:\n{ps}retrying once",
+            case.tool,
+            indent(&format!(
+                "{}\n{}",
+                out.harness_error.as_deref().unwrap_or(""),
+                out.all_text()
+            ))
         );
         out = run_case(env, case);
-        retried = true;
+        retried = Some(why);
     }
     let mut problems = Vec::new();
     if let Some(e) = &out.harness_error {
@@ -525,8 +545,8 @@ fn judge(env: &mut Env, case: &Case, extra: Extra) -> Row {
         Ok(_) => {}
         Err(e) => problems.push(e),
     }
-    if retried {
-        note = format!("second try (the rxe server hung before listening the first time); {note}");
+    if let Some(why) = retried {
+        note = format!("second try ({why}); {note}");
     }
     let known = known_bug(case);
     let verdict = match (problems.is_empty(), known) {
