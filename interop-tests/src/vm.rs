@@ -366,6 +366,19 @@ impl LabNet {
         let m = mtu.to_string();
         let h4 = format!("{}.{}.{}.1/24", SUBNET4[0], SUBNET4[1], SUBNET4[2]);
         ip_ns(&ns, &["link", "set", "lo", "up"])?;
+        // The bridge and veth-h share this namespace, so by default both answer a VM's ARP
+        // request for veth-h's address, br0 with its own MAC. When br0's answer wins, the VM
+        // sends RoCE frames to br0: the namespace's IP stack takes them and a ferroce on veth-h
+        // never sees them (a stock tool then stalls, or retransmits until the entry is
+        // re-resolved). arp_ignore=1: only the interface holding the address answers.
+        host(Command::new("ip").args([
+            "netns",
+            "exec",
+            &ns,
+            "sh",
+            "-c",
+            "echo 1 > /proc/sys/net/ipv4/conf/all/arp_ignore",
+        ]))?;
         ip_ns(&ns, &["link", "add", BRIDGE, "mtu", &m, "type", "bridge"])?;
         ip_ns(&ns, &["link", "set", BRIDGE, "up"])?;
         ip_ns(
