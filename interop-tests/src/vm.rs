@@ -91,7 +91,7 @@ pub enum Error {
     /// running it. The console's last lines are where the guest kernel reports a soft lockup,
     /// an RCU stall or a driver error.
     #[error(
-        "VM {vm}: no answer to `{what}` within {after:?} (guest stalled?)\n--- console (last lines) ---\n{console}"
+        "VM {vm}: no answer to `{what}` within {after:?}, {nudges} nudges sent (guest stalled?)\n--- console (last lines) ---\n{console}"
     )]
     Stalled {
         /// VM name.
@@ -100,6 +100,8 @@ pub enum Error {
         what: String,
         /// How long the harness waited.
         after: Duration,
+        /// Empty lines sent to wake the agent meanwhile.
+        nudges: u32,
         /// The tail of the console log.
         console: String,
     },
@@ -528,6 +530,9 @@ struct Ctl {
     next_id: AtomicU64,
 }
 
+/// Silence from the agent after which the harness sends it an empty line ([`Ctl::read_line`]).
+const NUDGE_AFTER: Duration = Duration::from_secs(10);
+
 /// Console lines quoted in [`Error::Stalled`].
 const STALL_CONSOLE_LINES: usize = 30;
 
@@ -554,21 +559,47 @@ impl Ctl {
     }
 
     /// The next line from the agent; a time-out here means the guest stopped answering.
+    ///
+    /// After each [`NUDGE_AFTER`] of silence an empty line goes to the agent: a no-op for it
+    /// (answered `- BAD`, which `expect` skips), but a received byte and an interrupt for the
+    /// guest. In CI a guest has now and then gone silent for a minute with nothing on its
+    /// console and then answered the next request at once, as if it waited for an event;
+    /// the nudge gives it one, and the error says whether nudging helped.
     fn read_line(&self, io: &mut CtlIo, what: &str, deadline: Instant) -> Result<Vec<u8>> {
-        io.reader
-            .read_line(&self.vm, what, deadline)
-            .map_err(|e| match e {
-                Error::Timeout { vm, what, after } => Error::Stalled {
-                    vm,
-                    what,
-                    after,
-                    console: tail(
-                        &std::fs::read_to_string(&self.console_log).unwrap_or_default(),
-                        STALL_CONSOLE_LINES,
-                    ),
-                },
-                other => other,
-            })
+        let started = Instant::now();
+        let mut nudges = 0u32;
+        loop {
+            let step = (Instant::now() + NUDGE_AFTER).min(deadline);
+            match io.reader.read_line(&self.vm, what, step) {
+                Ok(line) => {
+                    if nudges > 0 {
+                        eprintln!(
+                            "VM {}: the agent answered `{what}` after {nudges} nudge(s), {:?}",
+                            self.vm,
+                            started.elapsed()
+                        );
+                    }
+                    return Ok(line);
+                }
+                Err(Error::Timeout { .. }) if step < deadline => {
+                    self.send(io, "\n")?;
+                    nudges += 1;
+                }
+                Err(Error::Timeout { vm, what, .. }) => {
+                    return Err(Error::Stalled {
+                        vm,
+                        what,
+                        after: started.elapsed(),
+                        nudges,
+                        console: tail(
+                            &std::fs::read_to_string(&self.console_log).unwrap_or_default(),
+                            STALL_CONSOLE_LINES,
+                        ),
+                    })
+                }
+                Err(other) => return Err(other),
+            }
+        }
     }
 
     /// Next message about `id`; lines that are not protocol messages or concern other ids (left

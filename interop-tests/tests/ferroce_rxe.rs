@@ -1533,21 +1533,26 @@ fn afxdp_on_the_vm_kernel(env: &Env) -> Vec<Row> {
     let mut rows = Vec::new();
     for vm_serves in [true, false] {
         let started = Instant::now();
-        let result: Result<(Output, Output), String> = (|| {
+        // Set when the VM's agent stalled ([`vm::Error::Stalled`]): the case then runs once
+        // more, as `judge` does.
+        let stalled = std::cell::Cell::new(false);
+        let vm_err = |e: vm::Error| {
+            stalled.set(stalled.get() || matches!(e, vm::Error::Stalled { .. }));
+            e.to_string()
+        };
+        let run = || -> Result<(Output, Output), String> {
             staged
                 .as_ref()
                 .map_err(|e| format!("sharing ferroce into the VM: {e}"))?;
             if vm_serves {
-                let job = vm.spawn(&vm_pp).map_err(|e| e.to_string())?;
+                let job = vm.spawn(&vm_pp).map_err(vm_err)?;
                 vm.wait_listening(PORT, Duration::from_secs(30))
-                    .map_err(|e| format!("ferroce in the VM: {e}"))?;
+                    .map_err(|e| format!("ferroce in the VM: {}", vm_err(e)))?;
                 let host =
                     HostJob::spawn(env.ferroce_cmd(&host_args(false)), &env.dir, "vm-afxdp-c")
                         .map_err(|e| e.to_string())?
                         .wait_timeout(Duration::from_secs(60));
-                let vm_out = job
-                    .wait_timeout(Duration::from_secs(30))
-                    .map_err(|e| e.to_string())?;
+                let vm_out = job.wait_timeout(Duration::from_secs(30)).map_err(vm_err)?;
                 Ok((vm_out, host))
             } else {
                 let mut job =
@@ -1560,11 +1565,21 @@ fn afxdp_on_the_vm_kernel(env: &Env) -> Vec<Row> {
                         &format!("{vm_pp} {}", env.lab.host_ipv4()),
                         Duration::from_secs(60),
                     )
-                    .map_err(|e| e.to_string())?;
+                    .map_err(vm_err)?;
                 Ok((vm_out, job.wait_timeout(Duration::from_secs(30))))
             }
-        })();
-        let (verdict, note) = match result {
+        };
+        let mut result = run();
+        let retried = stalled.get();
+        if retried {
+            eprintln!(
+                "ferroce (VM, AF_XDP), VM serves: {vm_serves}: the VM's agent stalled; first \
+                 try: {}\nretrying once",
+                result.as_ref().err().map_or("", String::as_str)
+            );
+            result = run();
+        }
+        let (verdict, mut note) = match result {
             Ok((vm_out, host)) => {
                 let good = |o: &Output| o.success() && pingpong_problem(o).is_none();
                 if good(&vm_out) && good(&host) {
@@ -1582,6 +1597,9 @@ fn afxdp_on_the_vm_kernel(env: &Env) -> Vec<Row> {
             }
             Err(e) => (Verdict::Fail, format!("VM kernel {kernel}: {e}")),
         };
+        if retried {
+            note = format!("second try (the VM's agent stalled the first time); {note}");
+        }
         rows.push(Row {
             peer: "ferroce (VM, AF_XDP)".into(),
             operation: "RC SEND 5000 B".into(),
