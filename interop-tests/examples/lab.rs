@@ -78,7 +78,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .replace("{ip0}", &lab.vm(0).ip().to_string())
             .replace("{host}", &lab.host_ipv4().to_string())
             .replace("{hostif}", lab.host_iface());
-        if let Some((head, cmd)) = line.split_once(' ').filter(|(h, _)| h.starts_with('h')) {
+        if let Some((head, cmd)) = line
+            .split_once(' ')
+            .filter(|(h, _)| *h == "h" || *h == "h&")
+        {
             let mut c = lab.command("sh");
             c.args(["-c", cmd]);
             if head == "h&" {

@@ -373,14 +373,14 @@ impl LabNet {
         // sends RoCE frames to br0: the namespace's IP stack takes them and a ferroce on veth-h
         // never sees them (a stock tool then stalls, or retransmits until the entry is
         // re-resolved). arp_ignore=1: only the interface holding the address answers.
-        host(Command::new("ip").args([
+        ip(&[
             "netns",
             "exec",
             &ns,
             "sh",
             "-c",
             "echo 1 > /proc/sys/net/ipv4/conf/all/arp_ignore",
-        ]))?;
+        ])?;
         ip_ns(&ns, &["link", "add", BRIDGE, "mtu", &m, "type", "bridge"])?;
         ip_ns(&ns, &["link", "set", BRIDGE, "up"])?;
         ip_ns(

@@ -476,6 +476,9 @@ fn start_proxy(env: &Env, slug: &str, server: String) -> Result<HostJob, String>
 /// ferroce is not started until it listens).
 const RXE_SERVER_HUNG: &str = "rxe server not listening after 60 s";
 
+/// Why a case ran twice after the VM's agent stalled ([`vm::Error::Stalled`]), for its row.
+const VM_STALLED: &str = "the VM's agent stalled the first time";
+
 /// Runs `case`, judges it (both exit 0, capture clean, opcodes seen, `extra`), prints the
 /// details and returns the matrix row.
 fn judge(env: &mut Env, case: &Case, extra: Extra) -> Row {
@@ -484,7 +487,7 @@ fn judge(env: &mut Env, case: &Case, extra: Extra) -> Row {
     let why = if out.harness_error.as_deref() == Some(RXE_SERVER_HUNG) {
         Some("the rxe server hung before listening the first time")
     } else if out.stalled {
-        Some("the VM's agent stalled the first time")
+        Some(VM_STALLED)
     } else {
         None
     };
@@ -1573,8 +1576,7 @@ fn afxdp_on_the_vm_kernel(env: &Env) -> Vec<Row> {
         let retried = stalled.get();
         if retried {
             eprintln!(
-                "ferroce (VM, AF_XDP), VM serves: {vm_serves}: the VM's agent stalled; first \
-                 try: {}\nretrying once",
+                "ferroce (VM, AF_XDP), VM serves: {vm_serves}: {VM_STALLED}: {}\nretrying once",
                 result.as_ref().err().map_or("", String::as_str)
             );
             result = run();
@@ -1598,7 +1600,7 @@ fn afxdp_on_the_vm_kernel(env: &Env) -> Vec<Row> {
             Err(e) => (Verdict::Fail, format!("VM kernel {kernel}: {e}")),
         };
         if retried {
-            note = format!("second try (the VM's agent stalled the first time); {note}");
+            note = format!("second try ({VM_STALLED}); {note}");
         }
         rows.push(Row {
             peer: "ferroce (VM, AF_XDP)".into(),
