@@ -56,7 +56,9 @@ pub struct Config {
     /// stay well below the peers' local ACK time-out, or they retransmit.
     pub ack_delay: Option<core::time::Duration>,
     /// With `ack_delay`: a held-back ACK goes out once it covers this many
-    /// ACK-requesting packets (keep it below the peers' send window).
+    /// ACK-requesting packets, or once it leaves half of `max_unacked_psns`
+    /// (at most 64, half of rxe's window) PSNs unacknowledged, so a
+    /// requester never stops at its window to wait for the delay.
     pub ack_coalesce: u32,
 }
 

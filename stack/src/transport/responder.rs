@@ -110,6 +110,9 @@ pub(crate) struct RespState {
     /// it covers.
     pub deferred: Option<(u32, u32)>,
     pub deferred_pkts: u32,
+    /// The PSN the newest queued ACK acknowledges (None: none yet), to
+    /// bound how many PSNs a held-back ACK leaves unacknowledged.
+    pub acked: Option<u32>,
 }
 
 impl RespState {
@@ -131,6 +134,7 @@ impl RespState {
             out: VecDeque::new(),
             deferred: None,
             deferred_pkts: 0,
+            acked: None,
         }
     }
     pub fn resize_resources(&mut self, n: usize) {
@@ -148,6 +152,7 @@ impl RespState {
         self.uc_drop = false;
         self.resources.fill(Resource::Free);
         self.clear_out();
+        self.acked = None;
     }
     /// Forget everything not yet sent (reset, error).
     pub fn clear_out(&mut self) {
@@ -188,11 +193,13 @@ impl RespState {
         }
     }
     /// Hold back the ACK of an accepted request packet; true once it covers
-    /// `max` of them (then it is queued and must go now).
-    fn defer_ack(&mut self, psn: u32, msn: u32, max: u32) -> bool {
+    /// `max` of them or leaves `max_psns` PSNs unacknowledged (then it is
+    /// queued and must go now).
+    fn defer_ack(&mut self, psn: u32, msn: u32, max: u32, max_psns: u32) -> bool {
         self.deferred = Some((psn, msn));
         self.deferred_pkts += 1;
-        self.deferred_pkts >= max
+        let unacked = self.acked.map_or(0, |a| psn::diff(psn, a));
+        self.deferred_pkts >= max || unacked >= max_psns as i32
     }
     fn coalesce_ack(&mut self, psn: u32, msn: u32) -> bool {
         let ack = Syndrome::Ack {
@@ -207,14 +214,19 @@ impl RespState {
             if *syndrome == ack && psn::diff(psn, *p) >= 0 {
                 *p = psn;
                 *m = msn;
+                self.acked = Some(psn);
                 return true;
             }
         }
-        self.push_raw(RespOut::Ack {
+        let queued = self.push_raw(RespOut::Ack {
             psn,
             syndrome: ack,
             msn,
-        })
+        });
+        if queued {
+            self.acked = Some(psn);
+        }
+        queued
     }
 }
 
@@ -411,6 +423,10 @@ impl Qp {
         let rc = self.qp_type == QpType::Rc;
         match outcome {
             Outcome::Done { psns, end } => {
+                // Nothing before the first accepted packet is owed an ACK.
+                if self.resp.acked.is_none() {
+                    self.resp.acked = Some(psn::add(p, psn::PSN_MASK));
+                }
                 self.resp.psn = psn::add(p, psns);
                 self.resp.nak_sent = false;
                 if end {
@@ -424,7 +440,11 @@ impl Qp {
                     // queued (a NAK or READ response releases it first).
                     let queued = match ctx.cfg.ack_delay {
                         Some(delay) if self.resp.out.is_empty() => {
-                            if self.resp.defer_ack(p, m, ctx.cfg.ack_coalesce) {
+                            // At most half the window a requester keeps
+                            // unacknowledged (ours; rxe's RXE_MAX_UNACKED_PSNS
+                            // is also 128), so it never stops for this ACK.
+                            let max_psns = ctx.cfg.max_unacked_psns.min(128) / 2;
+                            if self.resp.defer_ack(p, m, ctx.cfg.ack_coalesce, max_psns) {
                                 self.timers.stop(Timer::AckDelay);
                                 self.resp.release_deferred()
                             } else {
