@@ -163,6 +163,46 @@ fn mtu_enum(mtu: u32) -> u8 {
         _ => 5,
     }
 }
+/// The path MTU for `-m`, as perftest's `set_mtu` picks it: an MTU that is
+/// not an IB MTU, or one above the port's active MTU, runs with the active
+/// MTU, with perftest's lines (which name the MTU by its `ibv_mtu` value)
+/// as (on stderr, text).
+fn path_mtu(requested: Option<u32>, active: u32) -> (u32, Vec<(bool, String)>) {
+    let Some(m) = requested else {
+        return (active, Vec::new());
+    };
+    let active_enum = mtu_enum(active);
+    if ![256, 512, 1024, 2048, 4096].contains(&m) {
+        return (
+            active,
+            vec![
+                (true, format!(" Invalid MTU - {m} ")),
+                (
+                    true,
+                    " Please choose mtu from {256,512,1024,2048,4096}".to_string(),
+                ),
+                (
+                    true,
+                    format!(" Will run with the port active mtu - {active_enum}"),
+                ),
+            ],
+        );
+    }
+    if m > active {
+        return (
+            active,
+            vec![
+                (
+                    false,
+                    "Requested mtu is higher than active mtu ".to_string(),
+                ),
+                (false, format!("Changing to active mtu - {active_enum}")),
+            ],
+        );
+    }
+    (m, Vec::new())
+}
+
 fn mtu_bytes(e: u8) -> u32 {
     match e {
         1 => 256,
@@ -205,7 +245,15 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     }
     let ctx = open(a)?;
     let port = ctx.query_port();
-    let mtu = a.mtu.unwrap_or(port.active_mtu).min(port.active_mtu);
+    let (mtu, warnings) = path_mtu(a.mtu, port.active_mtu);
+    for (to_stderr, line) in warnings {
+        // perftest prints the clamp on stdout; JSON output keeps stdout for results.
+        if to_stderr || a.json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    }
     let sizes = a.sizes();
     let max_size = *sizes.iter().max().unwrap_or(&65536);
     let per_qp = (u64::from(max_size) * 2).max(8192);
@@ -769,4 +817,33 @@ fn soak(d: Duration, netns_backend: Option<Backend>, json: bool) -> i32 {
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     }
     i32::from(!flat)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::path_mtu;
+
+    #[test]
+    fn path_mtu_follows_perftest() {
+        assert_eq!(path_mtu(None, 4096), (4096, vec![]));
+        assert_eq!(path_mtu(Some(1024), 4096), (1024, vec![]));
+        let (m, lines) = path_mtu(Some(4096), 1024);
+        assert_eq!(m, 1024);
+        assert_eq!(
+            lines,
+            vec![
+                (
+                    false,
+                    "Requested mtu is higher than active mtu ".to_string()
+                ),
+                (false, "Changing to active mtu - 3".to_string()),
+            ]
+        );
+        let (m, lines) = path_mtu(Some(1000), 4096);
+        assert_eq!(m, 4096);
+        assert_eq!(lines.len(), 3);
+        assert!(lines.iter().all(|(stderr, _)| *stderr));
+        assert_eq!(lines[0].1, " Invalid MTU - 1000 ");
+        assert_eq!(lines[2].1, " Will run with the port active mtu - 5");
+    }
 }
