@@ -163,10 +163,11 @@ fn mtu_enum(mtu: u32) -> u8 {
         _ => 5,
     }
 }
-/// The path MTU for `-m`, as perftest's `set_mtu` picks it: an MTU that is
-/// not an IB MTU, or one above the port's active MTU, runs with the active
-/// MTU, with perftest's lines (which name the MTU by its `ibv_mtu` value)
-/// as (on stderr, text).
+
+/// The path MTU for `-m`, picked as perftest's `set_mtu` does: an MTU that
+/// is not an IB MTU, or one above the port's active MTU, gives way to the
+/// active MTU. Also returns the lines perftest prints then, as (goes to
+/// stderr, text); they name the active MTU by its `ibv_mtu` value.
 fn path_mtu(requested: Option<u32>, active: u32) -> (u32, Vec<(bool, String)>) {
     let Some(m) = requested else {
         return (active, Vec::new());
