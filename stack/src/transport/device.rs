@@ -22,6 +22,7 @@ use super::counters::{HwCounter, HwCounters};
 use super::cq::{Cq, CqHandle};
 use super::error::{ModifyError, VerbsError};
 use super::mr::{AccessFlags, MemoryRegion, MrTable, PdHandle};
+use super::psn;
 use super::qp::{check_modify, Qp, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType};
 use super::split::{SplitState, TxPayload, TxSplit};
 use super::srq::{Srq, SrqHandle};
@@ -38,7 +39,7 @@ pub struct Config {
     pub max_cqe: u32,
     pub max_sge: u32,
     pub max_inline_data: u32,
-    /// Most unacknowledged PSNs a requester has out (rxe: RXE_MAX_UNACKED_PSNS = 128).
+    /// Most unacknowledged PSNs a requester has out (rxe: [`RXE_MAX_UNACKED_PSNS`]).
     pub max_unacked_psns: u32,
     /// Largest message (IBTA: 2^31 bytes).
     pub max_msg_size: u64,
@@ -72,7 +73,7 @@ impl Default for Config {
             max_cqe: 1 << 20,
             max_sge: MAX_SGE as u32,
             max_inline_data: 256,
-            max_unacked_psns: 128,
+            max_unacked_psns: RXE_MAX_UNACKED_PSNS,
             max_msg_size: 1 << 31,
             // rxe's active MTU on a 1500-byte Ethernet link; the verbs
             // layer sets the interface's own.
@@ -181,6 +182,10 @@ impl Ctx<'_> {
 
 /// The QPN of slot 0 (rxe starts at RXE_MIN_QP_INDEX 16 + 1; 0 and 1 are special).
 const QPN_BASE: u32 = 0x11;
+
+/// Unacknowledged PSNs an rxe requester sends before it waits (rxe_param.h:
+/// RXE_MAX_UNACKED_PSNS); ours keeps the same window by default.
+pub const RXE_MAX_UNACKED_PSNS: u32 = 128;
 
 /// One RoCE v2 device's worth of transport state. See the module docs for the call order.
 #[derive(Debug)]
@@ -564,8 +569,9 @@ impl Core {
         qp.state = to;
         qp.attr.qp_state = to;
         if from == QpState::Init && to == QpState::Rtr {
-            // Fresh responder state at the agreed PSN.
+            // Fresh responder state at the agreed PSN; nothing before it is owed an ACK.
             qp.resp.psn = qp.attr.rq_psn;
+            qp.resp.acked = psn::add(qp.attr.rq_psn, psn::PSN_MASK);
             qp.resp.nak_sent = false;
         }
         if from == QpState::Rtr && to == QpState::Rts {

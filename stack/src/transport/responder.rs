@@ -9,7 +9,7 @@ use crate::wire::aeth::{self, NakCode, Syndrome};
 use crate::wire::{atomic_ack_eth, ExtHeaders, IpHeader, OpKind, Opcode, ParsedPacket, Position};
 
 use super::counters::HwCounter;
-use super::device::{AsyncEvent, Ctx};
+use super::device::{AsyncEvent, Ctx, RXE_MAX_UNACKED_PSNS};
 use super::dma;
 use super::mr::{AccessError, AccessFlags};
 use super::psn;
@@ -110,9 +110,10 @@ pub(crate) struct RespState {
     /// it covers.
     pub deferred: Option<(u32, u32)>,
     pub deferred_pkts: u32,
-    /// The PSN the newest queued ACK acknowledges (None: none yet), to
-    /// bound how many PSNs a held-back ACK leaves unacknowledged.
-    pub acked: Option<u32>,
+    /// The PSN the newest queued ACK acknowledges (before any, the one
+    /// before the first expected PSN, set at RTR), to bound how many PSNs a
+    /// held-back ACK leaves unacknowledged.
+    pub acked: u32,
 }
 
 impl RespState {
@@ -134,7 +135,7 @@ impl RespState {
             out: VecDeque::new(),
             deferred: None,
             deferred_pkts: 0,
-            acked: None,
+            acked: 0,
         }
     }
     pub fn resize_resources(&mut self, n: usize) {
@@ -152,7 +153,7 @@ impl RespState {
         self.uc_drop = false;
         self.resources.fill(Resource::Free);
         self.clear_out();
-        self.acked = None;
+        self.acked = 0;
     }
     /// Forget everything not yet sent (reset, error).
     pub fn clear_out(&mut self) {
@@ -198,8 +199,7 @@ impl RespState {
     fn defer_ack(&mut self, psn: u32, msn: u32, max: u32, max_psns: u32) -> bool {
         self.deferred = Some((psn, msn));
         self.deferred_pkts += 1;
-        let unacked = self.acked.map_or(0, |a| psn::diff(psn, a));
-        self.deferred_pkts >= max || unacked >= max_psns as i32
+        self.deferred_pkts >= max || psn::diff(psn, self.acked) >= max_psns as i32
     }
     fn coalesce_ack(&mut self, psn: u32, msn: u32) -> bool {
         let ack = Syndrome::Ack {
@@ -214,7 +214,7 @@ impl RespState {
             if *syndrome == ack && psn::diff(psn, *p) >= 0 {
                 *p = psn;
                 *m = msn;
-                self.acked = Some(psn);
+                self.acked = psn;
                 return true;
             }
         }
@@ -224,7 +224,7 @@ impl RespState {
             msn,
         });
         if queued {
-            self.acked = Some(psn);
+            self.acked = psn;
         }
         queued
     }
@@ -423,10 +423,6 @@ impl Qp {
         let rc = self.qp_type == QpType::Rc;
         match outcome {
             Outcome::Done { psns, end } => {
-                // Nothing before the first accepted packet is owed an ACK.
-                if self.resp.acked.is_none() {
-                    self.resp.acked = Some(psn::add(p, psn::PSN_MASK));
-                }
                 self.resp.psn = psn::add(p, psns);
                 self.resp.nak_sent = false;
                 if end {
@@ -441,9 +437,9 @@ impl Qp {
                     let queued = match ctx.cfg.ack_delay {
                         Some(delay) if self.resp.out.is_empty() => {
                             // At most half the window a requester keeps
-                            // unacknowledged (ours; rxe's RXE_MAX_UNACKED_PSNS
-                            // is also 128), so it never stops for this ACK.
-                            let max_psns = ctx.cfg.max_unacked_psns.min(128) / 2;
+                            // unacknowledged (ours, and rxe's), so it never
+                            // stops for this ACK.
+                            let max_psns = ctx.cfg.max_unacked_psns.min(RXE_MAX_UNACKED_PSNS) / 2;
                             if self.resp.defer_ack(p, m, ctx.cfg.ack_coalesce, max_psns) {
                                 self.timers.stop(Timer::AckDelay);
                                 self.resp.release_deferred()
