@@ -173,7 +173,7 @@ fn path_mtu(requested: Option<u32>, active: u32) -> (u32, Vec<(bool, String)>) {
         return (active, Vec::new());
     };
     let active_enum = mtu_enum(active);
-    if ![256, 512, 1024, 2048, 4096].contains(&m) {
+    if !common::IB_MTUS.contains(&m) {
         return (
             active,
             vec![

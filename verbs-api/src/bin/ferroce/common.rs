@@ -5,6 +5,9 @@ use std::path::Path;
 use ferroce_verbs::device::interfaces;
 use ferroce_verbs::{Backend, Context, DeviceConfig, EngineMode, OpenOptions};
 
+/// The IB path MTUs (ibv_mtu 1 to 5), the only values `-m` takes.
+pub const IB_MTUS: [u32; 5] = [256, 512, 1024, 2048, 4096];
+
 /// Open `dev` (an interface name, or `ferroce_<ifname>` as `devices` prints
 /// it), or the first usable interface, as ibverbs tools take the first device.
 /// The UDP backend binds the interface's first IPv4 address (device::open_io's

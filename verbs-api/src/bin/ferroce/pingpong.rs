@@ -127,7 +127,7 @@ pub fn run(a: Args) -> i32 {
 }
 
 fn run_inner(a: Args) -> Result<i32, String> {
-    if ![256, 512, 1024, 2048, 4096].contains(&a.mtu) {
+    if !common::IB_MTUS.contains(&a.mtu) {
         return Err(format!(
             "invalid MTU {} (256, 512, 1024, 2048 or 4096)",
             a.mtu
