@@ -1,7 +1,7 @@
-//! A job launched the way torchrun does it: one `ferroce-coll-bench`
-//! process per rank, each in its own network namespace, told only RANK,
-//! WORLD_SIZE, MASTER_ADDR and MASTER_PORT (no ferroce-specific glue).
-//! Needs root for the namespaces; skips otherwise.
+//! Jobs launched the way torchrun does it: one `ferroce-coll-bench`
+//! process per rank, told only RANK, WORLD_SIZE, MASTER_ADDR and
+//! MASTER_PORT (no ferroce-specific glue): one rank per network namespace
+//! (needs root; skips otherwise), and several ranks on one host.
 
 use std::io::Read;
 use std::process::Stdio;
@@ -23,22 +23,67 @@ fn torchrun_style_processes_in_namespaces() {
     })
     .unwrap();
     let master = topo.host(0).ipv4.to_string();
-    let port = (29600 + std::process::id() % 1000).to_string();
-    let mut kids: Vec<_> = (0..n)
+    let kids = (0..n)
         .map(|i| {
-            topo.command(i, env!("CARGO_BIN_EXE_ferroce-coll-bench"))
-                .args(["allreduce", "--fabric", "env", "-b", "8", "-e", "1M"])
-                .args(["-f", "64", "-w", "1", "-i", "2"])
-                .env("RANK", i.to_string())
-                .env("WORLD_SIZE", n.to_string())
-                .env("MASTER_ADDR", &master)
-                .env("MASTER_PORT", &port)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
+            rank(
+                topo.command(i, env!("CARGO_BIN_EXE_ferroce-coll-bench")),
+                i,
+                n,
+                &master,
+                "1M",
+            )
         })
         .collect();
+    check_job(kids, n, &["8", "512", "32768"]);
+}
+
+/// Several ranks on one host, as `torchrun --nproc_per_node 3` or
+/// `mpirun -np 3` start them: every rank's UDP device binds the same
+/// address and port 4791, which they share (ferroce_nic::port_share). Over
+/// loopback, so it needs no root; `FERROCE_IFACE=lo` because a rank does not
+/// pick loopback by itself.
+#[test]
+fn several_ranks_on_one_host_share_its_address() {
+    let n = 3;
+    let kids = (0..n)
+        .map(|i| {
+            let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ferroce-coll-bench"));
+            c.env("FERROCE_IFACE", "lo")
+                .env("FERROCE_BACKEND", "udp")
+                .env_remove("FERROCE_UDP_BIND");
+            rank(c, i, n, "127.0.0.1", "2M")
+        })
+        .collect();
+    // 2 MiB: bulk GSO sends between the ranks, each to one of them.
+    check_job(kids, n, &["8", "512", "32768", "2097152"]);
+}
+
+/// Starts rank `i` of `n` of a small allreduce run, told only what
+/// torchrun tells it.
+fn rank(
+    mut c: std::process::Command,
+    i: usize,
+    n: usize,
+    master: &str,
+    max: &str,
+) -> std::process::Child {
+    // One port per test binary run and master (the two tests may run at once).
+    let port =
+        29600 + std::process::id() % 1000 + if master.starts_with("127.") { 1000 } else { 0 };
+    c.args(["allreduce", "--fabric", "env", "-b", "8", "-e", max])
+        .args(["-f", "64", "-w", "1", "-i", "2"])
+        .env("RANK", i.to_string())
+        .env("WORLD_SIZE", n.to_string())
+        .env("MASTER_ADDR", master)
+        .env("MASTER_PORT", port.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for the ranks and checks rank 0's table.
+fn check_job(mut kids: Vec<std::process::Child>, n: usize, want_sizes: &[&str]) {
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut status = vec![None; n];
     while status.iter().any(Option::is_none) && Instant::now() < deadline {
@@ -62,7 +107,7 @@ fn torchrun_style_processes_in_namespaces() {
         let ok = s.is_some_and(|s| s.success());
         assert!(ok, "rank {r}: {s:?}\n{}\n{}", outs[r].0, outs[r].1);
     }
-    // Rank 0 prints the table: sizes 8, 512 and 32768 bytes, none wrong.
+    // Rank 0 prints the table: the sizes asked for, none wrong.
     let rows: Vec<Vec<&str>> = outs[0]
         .0
         .lines()
@@ -70,7 +115,7 @@ fn torchrun_style_processes_in_namespaces() {
         .map(|l| l.split_whitespace().collect())
         .collect();
     let sizes: Vec<&str> = rows.iter().map(|r| r[0]).collect();
-    assert_eq!(sizes, ["8", "512", "32768"], "{}", outs[0].0);
+    assert_eq!(sizes, want_sizes, "{}", outs[0].0);
     assert!(rows.iter().all(|r| r.last() == Some(&"0")), "{}", outs[0].0);
     assert!(
         outs[0].0.contains(&format!("{n} ranks on env")),

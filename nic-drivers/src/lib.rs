@@ -26,6 +26,7 @@ pub mod middleware;
 pub mod neigh;
 pub mod netns;
 pub mod offload;
+pub mod port_share;
 mod sys;
 pub mod udp;
 
@@ -269,6 +270,13 @@ pub trait PacketIo: Send {
         Ok(())
     }
 
+    /// The top byte the QPNs of the device on this backend must carry,
+    /// when it shares its port with other processes' devices
+    /// ([`port_share`]): datagrams are steered to it by that byte.
+    fn qpn_prefix(&self) -> Option<u8> {
+        None
+    }
+
     /// Counters since creation.
     fn stats(&self) -> Stats;
 
@@ -340,6 +348,9 @@ impl<T: PacketIo + ?Sized> PacketIo for Box<T> {
     }
     fn set_busy_poll(&mut self, on: bool) -> Result<(), NicError> {
         (**self).set_busy_poll(on)
+    }
+    fn qpn_prefix(&self) -> Option<u8> {
+        (**self).qpn_prefix()
     }
     fn stats(&self) -> Stats {
         (**self).stats()

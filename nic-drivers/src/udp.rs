@@ -23,6 +23,10 @@
 //! datagram's headers are synthesised in place in front of it (`deliver`),
 //! and an IPv4 one comes out with its ICRC verified (`recv_checked`).
 //!
+//! Several processes' devices may bind one address and port 4791 (ranks
+//! of a job on one host): [`crate::port_share`] steers each datagram to the
+//! one that owns its destination QP.
+//!
 //! What is lost compared with a raw backend: the UDP *source* port of sent
 //! frames is always the socket's (the core's per-QP entropy port is not
 //! carried), the MACs are synthetic (from [`crate::frame::mac_for_ip`]), and
@@ -41,6 +45,7 @@ use std::time::Duration;
 
 use crate::frame::{self, HeaderSpec};
 use crate::ipv4_id::{self, IdRecovery};
+use crate::port_share::{self, PortShare};
 use crate::sys;
 use crate::{
     GatherFrame, NicError, PacketIo, PayloadRef, RxSink, RxSinkChecked, Stats, TxFill, TxSource,
@@ -106,6 +111,11 @@ pub struct UdpConfig {
     /// moves by 16 bytes a packet, so at most one packet in 256 does;
     /// neither can choose the kernel's destination offset.
     pub gather: bool,
+    /// Lets other processes' ferroce devices bind the same address and port
+    /// (`SO_REUSEPORT`), each datagram reaching the one that owns its QP
+    /// ([`crate::port_share`]). On by default; not for port 0 (an ephemeral
+    /// port is never shared).
+    pub share_port: bool,
 }
 
 impl UdpConfig {
@@ -124,8 +134,15 @@ impl UdpConfig {
             mac: frame::mac_for_ip(bind.ip()),
             tx_icrc_valid: false,
             gather: true,
+            share_port: true,
         }
     }
+}
+
+/// Turns UDP_GRO on or off; returns whether the socket took it.
+fn set_gro(fd: RawFd, on: bool) -> bool {
+    let v = libc::c_int::from(on);
+    sys::setsockopt(fd, libc::SOL_UDP, UDP_GRO, &v, "UDP_GRO").is_ok()
 }
 
 /// Socket address in kernel form.
@@ -259,6 +276,18 @@ pub struct UdpIo {
     uring: Option<uring::Uring>,
     uring_depth: usize,
     ids: IdRecovery,
+    // Membership of a port shared with other processes' devices.
+    share: Option<PortShare>,
+    // Whether UDP_GRO is on now (off while the port has several members).
+    gro_on: bool,
+}
+
+impl Drop for UdpIo {
+    fn drop(&mut self) {
+        if let Some(s) = self.share.take() {
+            s.leave(self.sock.as_raw_fd());
+        }
+    }
 }
 
 impl std::fmt::Debug for UdpIo {
@@ -393,14 +422,36 @@ impl UdpIo {
         ] {
             sys::set_socket_buffer(raw, force, plain, cfg.socket_buffer, what);
         }
-        let gro = cfg.gro && sys::setsockopt(raw, libc::SOL_UDP, UDP_GRO, &one, "UDP_GRO").is_ok();
+        let mut gro =
+            cfg.gro && sys::setsockopt(raw, libc::SOL_UDP, UDP_GRO, &one, "UDP_GRO").is_ok();
+        let shared = cfg.share_port && cfg.bind.port() != 0;
+        if shared {
+            sys::setsockopt(
+                raw,
+                libc::SOL_SOCKET,
+                libc::SO_REUSEPORT,
+                &one,
+                "SO_REUSEPORT",
+            )?;
+        }
         let (ss, len) = to_sockaddr(&cfg.bind);
         // SAFETY: ss holds a valid sockaddr of `len` bytes.
         let r = unsafe { libc::bind(raw, (&ss as *const libc::sockaddr_storage).cast(), len) };
         sys::cvt(r, &format!("bind {}", cfg.bind))?;
         let local = local_addr(raw)?;
+        let share = if shared {
+            Some(PortShare::join(raw, local)?)
+        } else {
+            None
+        };
+        let rx_gro = gro;
+        if gro && share.as_ref().is_some_and(|s| s.members() > 1) {
+            gro = !set_gro(raw, false);
+        }
 
-        let rx_len = if gro {
+        // Sized for GRO even while sharing turns it off: it comes back on
+        // when the other members leave.
+        let rx_len = if rx_gro {
             MAX_DGRAM + 1
         } else {
             cfg.max_frame_len
@@ -430,6 +481,8 @@ impl UdpIo {
             uring: None,
             uring_depth: 4,
             ids: IdRecovery::default(),
+            share,
+            gro_on: gro,
             cfg,
         };
         if cfg.uring {
@@ -551,6 +604,13 @@ impl UdpIo {
             return 0;
         }
         let total = (h.msg_len as usize).min(slot.buf.len() - HEADROOM);
+        if let Some(share) = self.share.as_mut() {
+            let payload = slot.buf.get(HEADROOM..HEADROOM + total).unwrap_or_default();
+            if total > 0 && total.is_multiple_of(port_share::PROBE_LEN) && share.take_probe(payload)
+            {
+                return 0;
+            }
+        }
         let Some(peer) = from_sockaddr(&slot.name) else {
             self.stats.rx_dropped += 1;
             return 0;
@@ -875,6 +935,7 @@ struct GatherPiece {
 struct GatherRun {
     dst: SocketAddr,
     tos: u8,
+    qp_top: Option<u8>,
     seg: usize,
     len: usize,
     segs: usize,
@@ -906,6 +967,7 @@ impl PacketIo for UdpIo {
         max: usize,
         sink: &mut RxSinkChecked<'_>,
     ) -> Result<usize, NicError> {
+        self.maintain_share()?;
         if self.uring.is_some() {
             return self.recv_uring(max, sink);
         }
@@ -919,6 +981,10 @@ impl PacketIo for UdpIo {
 
     fn gathers(&self) -> bool {
         self.cfg.gather
+    }
+
+    fn qpn_prefix(&self) -> Option<u8> {
+        self.share.as_ref().map(PortShare::prefix)
     }
 
     /// Frames whose payload lies elsewhere go out with it gathered from
@@ -1025,8 +1091,21 @@ impl UdpIo {
                 }
                 pos
             };
+            // The top byte of the BTH's destination QP: a GSO send goes whole
+            // to one member of a shared port (crate::port_share).
+            let qp_top = self
+                .tx_arena
+                .get(frame_at + hl + 5)
+                .copied()
+                .filter(|_| f.head >= hl + 6);
             let appendable = match &run {
-                Some(r) if self.gso && !r.closed && r.dst == dst && r.tos == info.tos => {
+                Some(r)
+                    if self.gso
+                        && !r.closed
+                        && r.dst == dst
+                        && r.tos == info.tos
+                        && r.qp_top == qp_top =>
+                {
                     plen > 0 && plen <= r.seg && r.len + plen <= MAX_DGRAM && r.segs < GSO_MAX_SEGS
                 }
                 _ => false,
@@ -1097,6 +1176,7 @@ impl UdpIo {
             run = Some(GatherRun {
                 dst,
                 tos: info.tos,
+                qp_top,
                 seg: plen,
                 len: plen,
                 segs: 1,
@@ -1108,6 +1188,28 @@ impl UdpIo {
         self.gather_runs.extend(run.take());
         self.flush_gathered(src)?;
         Ok(taken)
+    }
+
+    /// A shared port's periodic check ([`PortShare::tick`]), with UDP GRO
+    /// off while others share the port and back on when they have gone.
+    fn maintain_share(&mut self) -> Result<(), NicError> {
+        let Some(share) = self.share.as_mut() else {
+            return Ok(());
+        };
+        let fd = self.sock.as_raw_fd();
+        if let Some(members) = share.tick(fd, std::time::Instant::now())? {
+            let want = self.cfg.gro && members == 1;
+            if want != self.gro_on && set_gro(fd, want) {
+                self.gro_on = want;
+            }
+        }
+        Ok(())
+    }
+
+    /// This socket's membership of a port shared with other processes'
+    /// devices (`None`: the port is its own).
+    pub fn share(&self) -> Option<&PortShare> {
+        self.share.as_ref()
     }
 
     /// Fills in message header `i`: to `dst` with ToS `tos`, `segs` segments

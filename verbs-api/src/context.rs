@@ -199,6 +199,12 @@ impl Context {
         c.port_mtu = device::ib_mtu_for(eth_mtu);
         let max_mtu = device::ib_mtu_for(engine_mtu);
         c.max_mtu = max_mtu;
+        // A port shared with other processes' devices: our QPNs carry the
+        // prefix datagrams are steered by, 0xFFEF of them at most.
+        if let Some(p) = io.qpn_prefix() {
+            c.qpn_prefix = Some(p);
+            c.max_qp = c.max_qp.min(0xFFEF);
+        }
         let attr = DeviceAttr {
             max_qp: c.max_qp,
             max_qp_wr: c.max_qp_wr,

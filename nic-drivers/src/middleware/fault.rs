@@ -349,6 +349,9 @@ impl<I: PacketIo> PacketIo for FaultIo<I> {
     fn set_busy_poll(&mut self, on: bool) -> Result<(), NicError> {
         self.inner.set_busy_poll(on)
     }
+    fn qpn_prefix(&self) -> Option<u8> {
+        self.inner.qpn_prefix()
+    }
     fn stats(&self) -> Stats {
         let mut s = self.inner.stats();
         s.rx_dropped += self.dropped_by_faults;

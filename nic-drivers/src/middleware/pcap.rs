@@ -124,6 +124,9 @@ impl<I: PacketIo, W: Write + Send> PacketIo for PcapIo<I, W> {
     fn set_busy_poll(&mut self, on: bool) -> Result<(), NicError> {
         self.inner.set_busy_poll(on)
     }
+    fn qpn_prefix(&self) -> Option<u8> {
+        self.inner.qpn_prefix()
+    }
     fn stats(&self) -> Stats {
         self.inner.stats()
     }

@@ -61,6 +61,11 @@ pub struct Config {
     /// (at most 64, half of rxe's window) PSNs unacknowledged, so a
     /// requester never stops at its window to wait for the delay.
     pub ack_coalesce: u32,
+    /// The top byte every QPN of this core carries, or `None` for QPNs from
+    /// 0x11 up to the whole 24-bit space. Devices of several processes
+    /// sharing one UDP port (`ferroce_nic::port_share`) are told apart by it:
+    /// each then has the 65519 QPNs `prefix << 16 | 0x11` to `prefix << 16 | 0xFFFF`.
+    pub qpn_prefix: Option<u8>,
 }
 
 impl Default for Config {
@@ -81,6 +86,7 @@ impl Default for Config {
             max_mtu: 4096,
             ack_delay: None,
             ack_coalesce: 4,
+            qpn_prefix: None,
         }
     }
 }
@@ -483,8 +489,9 @@ impl Core {
         let slot = match self.free_qps.pop() {
             Some(s) => s,
             None => {
+                let (_, end) = self.qpn_range();
                 if self.qps.len() >= self.cfg.max_qp as usize
-                    || self.qps.len() as u32 + QPN_BASE > bth::MASK_24
+                    || self.qps.len() as u32 + self.qpn_range().0 >= end
                 {
                     return Err(VerbsError::Exhausted("queue pairs"));
                 }
@@ -492,7 +499,7 @@ impl Core {
                 self.qps.len() as u32 - 1
             }
         };
-        let qpn = slot + QPN_BASE;
+        let qpn = slot + self.qpn_range().0;
         let mut qp = Box::new(Qp::new(qpn, pd, init));
         if init.qp_type == QpType::Ud {
             qp.attr.path_mtu = self.cfg.port_mtu;
@@ -501,12 +508,24 @@ impl Core {
         Ok(qpn)
     }
 
-    fn slot_of(qpn: u32) -> Option<usize> {
-        qpn.checked_sub(QPN_BASE).map(|s| s as usize)
+    /// The first QPN and the end (exclusive) of this core's QPN space.
+    fn qpn_range(&self) -> (u32, u32) {
+        match self.cfg.qpn_prefix {
+            None => (QPN_BASE, bth::MASK_24 + 1),
+            Some(p) => {
+                let hi = u32::from(p) << 16;
+                (hi | QPN_BASE, hi + 0x1_0000)
+            }
+        }
+    }
+
+    fn slot_of(&self, qpn: u32) -> Option<usize> {
+        let (base, end) = self.qpn_range();
+        (base..end).contains(&qpn).then(|| (qpn - base) as usize)
     }
 
     fn qp_mut(&mut self, qpn: u32) -> Result<&mut Qp, VerbsError> {
-        Self::slot_of(qpn)
+        self.slot_of(qpn)
             .and_then(|s| self.qps.get_mut(s))
             .and_then(|q| q.as_deref_mut())
             .ok_or(VerbsError::NotFound("queue pair"))
@@ -514,7 +533,7 @@ impl Core {
 
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
         self.qp_mut(qpn)?;
-        if let Some(s) = Self::slot_of(qpn) {
+        if let Some(s) = self.slot_of(qpn) {
             self.qps[s] = None;
             self.free_qps.push(s as u32);
         }
@@ -523,7 +542,8 @@ impl Core {
 
     /// The QP's current attributes (ibv_query_qp); `qp_state` is the live state.
     pub fn query_qp(&self, qpn: u32) -> Result<QpAttr, VerbsError> {
-        let q = Self::slot_of(qpn)
+        let q = self
+            .slot_of(qpn)
             .and_then(|s| self.qps.get(s))
             .and_then(|q| q.as_deref())
             .ok_or(VerbsError::NotFound("queue pair"))?;
@@ -543,7 +563,9 @@ impl Core {
         attr: &QpAttr,
         mask: QpAttrMask,
     ) -> Result<(), VerbsError> {
-        let slot = Self::slot_of(qpn).ok_or(VerbsError::NotFound("queue pair"))?;
+        let slot = self
+            .slot_of(qpn)
+            .ok_or(VerbsError::NotFound("queue pair"))?;
         let Some(Some(qp)) = self.qps.get_mut(slot) else {
             return Err(VerbsError::NotFound("queue pair"));
         };
@@ -587,7 +609,9 @@ impl Core {
 
     /// ibv_post_send for one work request.
     pub fn post_send(&mut self, qpn: u32, wr: &SendWr<'_>) -> Result<(), VerbsError> {
-        let slot = Self::slot_of(qpn).ok_or(VerbsError::NotFound("queue pair"))?;
+        let slot = self
+            .slot_of(qpn)
+            .ok_or(VerbsError::NotFound("queue pair"))?;
         let max_msg = self.cfg.max_msg_size;
         let Some(Some(qp)) = self.qps.get_mut(slot) else {
             return Err(VerbsError::NotFound("queue pair"));
@@ -691,8 +715,8 @@ impl Core {
         slot.fill(wr);
         qp.rq.commit_push();
         if qp.state == QpState::Err {
+            let slot = self.slot_of(qpn).unwrap_or(0);
             let mut ctx = split!(self, Instant::ZERO);
-            let slot = Self::slot_of(qpn).unwrap_or(0);
             if let Some(Some(q)) = self.qps.get_mut(slot) {
                 q.flush(&mut ctx);
             }
@@ -756,7 +780,10 @@ impl Core {
             self.stats.count("rx_cnp");
             return;
         }
-        let Some(slot) = Self::slot_of(pkt.repr.bth.dest_qp).filter(|s| *s < self.qps.len()) else {
+        let Some(slot) = self
+            .slot_of(pkt.repr.bth.dest_qp)
+            .filter(|s| *s < self.qps.len())
+        else {
             self.stats.count("rx_unknown_qp");
             return;
         };
@@ -940,7 +967,7 @@ impl Core {
     /// Entries the QP's responder still has to send (at most
     /// [`OUT_CAP`](super::responder::OUT_CAP), whatever the peer sends).
     pub fn responder_backlog(&self, qpn: u32) -> Option<usize> {
-        Self::slot_of(qpn)
+        self.slot_of(qpn)
             .and_then(|s| self.qps.get(s))
             .and_then(|q| q.as_deref())
             .map(|q| q.resp.out.len())
@@ -948,7 +975,7 @@ impl Core {
 
     /// Completion status helper for tests and tools: whether a QP is in ERR.
     pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
-        Self::slot_of(qpn)
+        self.slot_of(qpn)
             .and_then(|s| self.qps.get(s))
             .and_then(|q| q.as_deref())
             .map(|q| q.state)
@@ -965,6 +992,25 @@ mod tests {
     use super::*;
     use crate::transport::qp::QpCap;
 
+    /// Create attributes of an RC QP with one-entry queues on a new CQ.
+    fn small_rc_qp(c: &mut Core) -> QpInitAttr {
+        let cq = c.create_cq(16).unwrap();
+        QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 1,
+                max_recv_wr: 1,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        }
+    }
+
     #[test]
     // A scale check, not a memory-safety one: under Miri's interpreter 10 000
     // QPs take many minutes of CI for nothing the other tests do not cover.
@@ -978,25 +1024,35 @@ mod tests {
         );
         let mut c = Core::new(Config::default(), 1);
         let pd = c.alloc_pd();
-        let cq = c.create_cq(16).unwrap();
-        let init = QpInitAttr {
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            cap: QpCap {
-                max_send_wr: 1,
-                max_recv_wr: 1,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            sq_sig_all: false,
-        };
+        let init = small_rc_qp(&mut c);
         let qpns: Vec<u32> = (0..10_000)
             .map(|_| c.create_qp(pd, &init).unwrap())
             .collect();
         assert_eq!(qpns.len(), 10_000);
         assert_eq!(c.qp_state(qpns[9_999]), Some(QpState::Reset));
+    }
+
+    #[test]
+    fn a_qpn_prefix_keeps_every_qpn_in_its_64k_block() {
+        let cfg = Config {
+            qpn_prefix: Some(3),
+            ..Config::default()
+        };
+        let mut c = Core::new(cfg, 1);
+        let pd = c.alloc_pd();
+        let init = small_rc_qp(&mut c);
+        let first = c.create_qp(pd, &init).unwrap();
+        assert_eq!(first, 0x03_0011);
+        // The same low bits under another prefix are not ours.
+        assert_eq!(c.qp_state(0x00_0011), None);
+        assert_eq!(c.qp_state(0x04_0011), None);
+        assert_eq!(c.qp_state(first), Some(QpState::Reset));
+        let mut last = first;
+        let mut made = 1;
+        while let Ok(q) = c.create_qp(pd, &init) {
+            last = q;
+            made += 1;
+        }
+        assert_eq!((last, made), (0x03_FFFF, 0xFFEF));
     }
 }

@@ -1,0 +1,608 @@
+//! Several processes on one UDP address and port 4791: the ranks of a job on
+//! one host (`mpirun -np 4`, `torchrun --nproc_per_node 4`), each with its own
+//! ferroce device on the same interface. rxe has one device in the kernel that
+//! demultiplexes by QPN; here each process has its own socket, so the sockets
+//! join one `SO_REUSEPORT` group and a classic-BPF program attached to the
+//! group picks, for every datagram, the socket of the process that owns the
+//! datagram's destination QP.
+//!
+//! Each member takes a QPN prefix, the top byte of all its QPNs (the core's
+//! `Config::qpn_prefix`); the first member takes 0, so a lone process keeps
+//! the QPNs it always had. The program reads the top byte of the BTH's
+//! destination QP and maps it to the member's position in the group. The
+//! kernel numbers a group's sockets in the order they joined and, when one
+//! closes, moves the last one into its place (`reuseport_detach_sock`); a
+//! program can only answer with a position. So the members keep a table of
+//! (prefix, position, pid, nonce) in a file under `/dev/shm`, changed under
+//! `flock(2)`, and build the program from it. A member learns its position by
+//! sending itself probes: a probe carries a position, which the program
+//! returns as is, and the lowest position one of its own probes comes back
+//! through is its own (a position past the last makes the kernel fall back
+//! to its hash, which may land anywhere, but only on a higher number). It
+//! checks every [`CHECK_EVERY`], so after a member dies the one moved into
+//! its place is steered right again within that; in between the peers'
+//! retransmissions cover the loss. A member that leaves cleanly hands its
+//! position to the last one before it closes.
+//!
+//! While the group has more than one member, the sockets take no UDP GRO:
+//! a NIC's GRO would merge datagrams of one flow (same addresses and ports)
+//! for different members into one, and the program steers it whole. For the
+//! same reason a sender puts only frames to one QPN prefix into a GSO send.
+
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::sys;
+use crate::NicError;
+
+/// How often a member checks its position in the group.
+pub const CHECK_EVERY: Duration = Duration::from_millis(100);
+/// A probe: magic, position (both big-endian), the sender's nonce.
+pub const PROBE_LEN: usize = 16;
+// 0xFF as the BTH opcode is manufacturer-specific (IBTA 9.2.1 opcode table),
+// never sent by ferroce or rxe; "frc" makes the word unlikely anywhere else.
+const PROBE_MAGIC: u32 = 0xFF66_7263;
+// Byte of the UDP payload with the top byte of the BTH destination QP.
+const DEST_QP_TOP: u32 = 5;
+// Returned for a datagram no member owns: past any position, so the
+// kernel picks by its hash instead (reuseport_select_sock).
+const NO_MEMBER: u32 = u32::MAX;
+// Prefix 255 would make QPNs 0xFFxxxx, next to the multicast QPN 0xFFFFFF.
+const MAX_PREFIX: u8 = 254;
+// Positions probed past the table's length when searching for our own.
+const SEARCH_SLACK: u32 = 4;
+
+/// One line of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Member {
+    prefix: u8,
+    position: u32,
+    pid: u32,
+    nonce: u64,
+}
+
+/// This socket's membership of a shared port.
+#[derive(Debug)]
+pub struct PortShare {
+    path: PathBuf,
+    /// Where probes go: the bound address (loopback for a wildcard bind).
+    target: SocketAddr,
+    nonce: u64,
+    prefix: u8,
+    position: u32,
+    members: usize,
+    next_check: Instant,
+    /// The lowest position one of our probes came back through since the
+    /// last check, and whether that check searched the whole group.
+    seen: Option<u32>,
+    searching: bool,
+    /// Times a check found this socket moved.
+    pub moves: u64,
+}
+
+impl PortShare {
+    /// Joins the group of `fd` (bound to `local` with `SO_REUSEPORT`):
+    /// takes a free prefix, finds the socket's position and attaches the
+    /// program for the table with it added. Datagrams that reach the
+    /// socket meanwhile are read and dropped (it has no QPs yet).
+    pub fn join(fd: RawFd, local: SocketAddr) -> Result<PortShare, NicError> {
+        let path = table_path(local);
+        let mut table = Table::lock(&path)?;
+        let mut members = table.read();
+        let prefix = (0..=MAX_PREFIX)
+            .find(|p| members.iter().all(|m| m.prefix != *p))
+            .ok_or_else(|| {
+                NicError::Config(format!(
+                    "{local}: {} devices share this UDP port already, the most there can be",
+                    members.len()
+                ))
+            })?;
+        let mut me = PortShare {
+            path,
+            target: probe_target(local),
+            nonce: new_nonce(),
+            prefix,
+            position: 0,
+            members: members.len() + 1,
+            next_check: Instant::now() + CHECK_EVERY,
+            seen: None,
+            searching: false,
+            moves: 0,
+        };
+        // The probes need the program: the group's, or ours for a new group.
+        attach(fd, &members)?;
+        me.position = me.find_position(fd, members.len() as u32 + 1 + SEARCH_SLACK)?;
+        members.push(me.line());
+        attach(fd, &members)?;
+        table.write(&members)?;
+        Ok(me)
+    }
+
+    /// The top byte of this member's QPNs.
+    pub fn prefix(&self) -> u8 {
+        self.prefix
+    }
+
+    /// Members of the group at the last check (this one included).
+    pub fn members(&self) -> usize {
+        self.members
+    }
+
+    /// This socket's position in the group at the last check.
+    pub fn position(&self) -> u32 {
+        self.position
+    }
+
+    /// Whether `payload` (a received UDP payload) is a probe; one of ours
+    /// is noted. Probes are not handed up.
+    pub fn take_probe(&mut self, payload: &[u8]) -> bool {
+        let mut any = false;
+        for p in payload.chunks(PROBE_LEN) {
+            match parse_probe(p) {
+                Some((pos, nonce)) => {
+                    any = true;
+                    if nonce == self.nonce {
+                        self.seen = Some(self.seen.map_or(pos, |s| s.min(pos)));
+                    }
+                }
+                None => return any,
+            }
+        }
+        any
+    }
+
+    /// Every [`CHECK_EVERY`]: looks at what the last round of probes showed,
+    /// mends the table and the program if this socket moved, re-reads how
+    /// many share the port, and sends the next round. Returns the number of
+    /// members when it checked.
+    pub fn tick(&mut self, fd: RawFd, now: Instant) -> Result<Option<usize>, NicError> {
+        if now < self.next_check {
+            return Ok(None);
+        }
+        self.next_check = now + CHECK_EVERY;
+        let seen = self.seen.take();
+        let mut table = Table::lock(&self.path)?;
+        let mut members = table.read();
+        let moved = match seen {
+            Some(p) if p != self.position => Some(p),
+            _ => None,
+        };
+        if let Some(p) = moved {
+            tracing::debug!(
+                "shared UDP port: position {} -> {p} (a member left)",
+                self.position
+            );
+            self.position = p;
+            self.moves += 1;
+        }
+        // Our line, as it should be: a position that changed, or a table
+        // that lost or garbled it.
+        let line = self.line();
+        let mut changed = moved.is_some() || members.len() != self.members;
+        match members.iter_mut().find(|m| m.nonce == self.nonce) {
+            Some(m) if *m == line => {}
+            Some(m) => {
+                *m = line;
+                changed = true;
+            }
+            None => {
+                members.push(line);
+                changed = true;
+            }
+        }
+        if changed {
+            attach(fd, &members)?;
+            table.write(&members)?;
+        }
+        self.members = members.len();
+        drop(table);
+        // A round that saw nothing searches the whole group next; otherwise
+        // our position can only have gone down.
+        self.searching = seen.is_none();
+        let upto = if self.searching {
+            self.members as u32 + SEARCH_SLACK
+        } else {
+            self.position + 1
+        };
+        for pos in 0..upto {
+            send_probe(fd, self.target, pos, self.nonce)?;
+        }
+        Ok(Some(self.members))
+    }
+
+    /// Leaves the group: the last member is about to be moved into our
+    /// position, so the table and the program say so before the socket closes.
+    pub fn leave(&self, fd: RawFd) {
+        let Ok(mut table) = Table::lock(&self.path) else {
+            return;
+        };
+        let mut members = table.read();
+        members.retain(|m| m.nonce != self.nonce);
+        let last = members.len() as u32;
+        if let Some(m) = members.iter_mut().find(|m| m.position == last) {
+            m.position = self.position;
+        }
+        let _ = attach(fd, &members);
+        let _ = table.write(&members);
+    }
+
+    fn line(&self) -> Member {
+        Member {
+            prefix: self.prefix,
+            position: self.position,
+            pid: std::process::id(),
+            nonce: self.nonce,
+        }
+    }
+
+    /// Sends probes for positions `0..upto` and reads the socket until they
+    /// are in; the lowest that came back to us is our position.
+    fn find_position(&mut self, fd: RawFd, upto: u32) -> Result<u32, NicError> {
+        for pos in 0..upto {
+            send_probe(fd, self.target, pos, self.nonce)?;
+        }
+        // Local delivery happens inside sendto, so the probes are queued by
+        // now; the wait is for a slow kernel only.
+        let until = Instant::now() + Duration::from_millis(500);
+        let mut buf = [0u8; 2048];
+        loop {
+            loop {
+                // SAFETY: buf is valid for buf.len() bytes for the call.
+                let n = unsafe {
+                    libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT)
+                };
+                if n < 0 {
+                    break;
+                }
+                let got = buf.get(..n as usize).unwrap_or_default();
+                self.take_probe(got);
+            }
+            if let Some(p) = self.seen.take() {
+                return Ok(p);
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(NicError::Config(format!(
+                    "{}: none of {upto} probes came back to this socket; \
+                     cannot find its place among the sockets sharing the port",
+                    self.target
+                )));
+            }
+            sys::poll_readable(fd, Some(left.min(Duration::from_millis(20))))?;
+        }
+    }
+}
+
+/// The table's file, open and locked until dropped.
+struct Table {
+    file: File,
+}
+
+impl Table {
+    fn lock(path: &PathBuf) -> Result<Table, NicError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| NicError::io("opening the shared-port table", e))?;
+        loop {
+            // SAFETY: plain syscall on a file descriptor we own.
+            let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+            if r == 0 {
+                return Ok(Table { file });
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(NicError::io("locking the shared-port table", e));
+            }
+        }
+    }
+
+    /// The members whose process is alive. A malformed line is skipped.
+    fn read(&mut self) -> Vec<Member> {
+        let mut text = String::new();
+        if self.file.rewind().is_err() || self.file.read_to_string(&mut text).is_err() {
+            return Vec::new();
+        }
+        text.lines()
+            .filter_map(parse_line)
+            .filter(|m| pid_alive(m.pid))
+            .collect()
+    }
+
+    fn write(&mut self, members: &[Member]) -> Result<(), NicError> {
+        let text: String = members
+            .iter()
+            .map(|m| format!("{} {} {} {:016x}\n", m.prefix, m.position, m.pid, m.nonce))
+            .collect();
+        let io = |e| NicError::io("writing the shared-port table", e);
+        self.file.set_len(0).map_err(io)?;
+        self.file.rewind().map_err(io)?;
+        self.file.write_all(text.as_bytes()).map_err(io)
+    }
+}
+
+fn parse_line(l: &str) -> Option<Member> {
+    let mut it = l.split_ascii_whitespace();
+    Some(Member {
+        prefix: it.next()?.parse().ok()?,
+        position: it.next()?.parse().ok()?,
+        pid: it.next()?.parse().ok()?,
+        nonce: u64::from_str_radix(it.next()?, 16).ok()?,
+    })
+}
+
+/// One table per socket address and network namespace (a group lives in
+/// one namespace; `/dev/shm` is shared by all), and per user (only one
+/// user's sockets can join a group).
+fn table_path(local: SocketAddr) -> PathBuf {
+    let netns = std::fs::metadata("/proc/self/ns/net")
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .unwrap_or(0);
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let ip = match local.ip() {
+        IpAddr::V4(a) => a.to_string(),
+        IpAddr::V6(a) => a.to_string().replace(':', "-"),
+    };
+    let dir = if std::path::Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    dir.join(format!(
+        "ferroce-udp-{uid}-{netns}-{ip}-{}.members",
+        local.port()
+    ))
+}
+
+fn probe_target(local: SocketAddr) -> SocketAddr {
+    let ip = match local.ip() {
+        IpAddr::V4(a) if a.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(a) if a.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    SocketAddr::new(ip, local.port())
+}
+
+fn pid_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the process exists.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+fn new_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+fn probe(pos: u32, nonce: u64) -> [u8; PROBE_LEN] {
+    let mut p = [0u8; PROBE_LEN];
+    p[..4].copy_from_slice(&PROBE_MAGIC.to_be_bytes());
+    p[4..8].copy_from_slice(&pos.to_be_bytes());
+    p[8..].copy_from_slice(&nonce.to_le_bytes());
+    p
+}
+
+fn parse_probe(p: &[u8]) -> Option<(u32, u64)> {
+    let p: &[u8; PROBE_LEN] = p.try_into().ok()?;
+    let (magic, rest) = p.split_first_chunk::<4>()?;
+    let (pos, nonce) = rest.split_first_chunk::<4>()?;
+    if u32::from_be_bytes(*magic) != PROBE_MAGIC {
+        return None;
+    }
+    Some((
+        u32::from_be_bytes(*pos),
+        u64::from_le_bytes(nonce.try_into().ok()?),
+    ))
+}
+
+fn send_probe(fd: RawFd, to: SocketAddr, pos: u32, nonce: u64) -> Result<(), NicError> {
+    let p = probe(pos, nonce);
+    // A v4 target from a v6 (dual-stack) socket goes v4-mapped.
+    let to = match to {
+        SocketAddr::V4(a) if socket_is_v6(fd) => {
+            SocketAddr::new(IpAddr::V6(a.ip().to_ipv6_mapped()), a.port())
+        }
+        t => t,
+    };
+    let (ss, len) = crate::udp::to_sockaddr(&to);
+    // SAFETY: p and ss are valid for the lengths given for the call.
+    let r = unsafe {
+        libc::sendto(
+            fd,
+            p.as_ptr().cast(),
+            p.len(),
+            libc::MSG_DONTWAIT,
+            (&ss as *const libc::sockaddr_storage).cast(),
+            len,
+        )
+    };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        // A full buffer loses a probe; the next round sends it again.
+        if e.raw_os_error() != Some(libc::EAGAIN) {
+            return Err(NicError::io("sending a shared-port probe", e));
+        }
+    }
+    Ok(())
+}
+
+fn socket_is_v6(fd: RawFd) -> bool {
+    sys::getsockopt::<libc::c_int>(fd, libc::SOL_SOCKET, libc::SO_DOMAIN, "SO_DOMAIN")
+        .is_ok_and(|d| d == libc::AF_INET6)
+}
+
+/// The group's program for `members`: probes get the position they carry;
+/// RoCE datagrams the position of the member with their QPN's prefix.
+fn program(members: &[Member]) -> Vec<libc::sock_filter> {
+    const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const LD_B_ABS: u16 = (libc::BPF_LD | libc::BPF_B | libc::BPF_ABS) as u16;
+    const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const RET_A: u16 = (libc::BPF_RET | libc::BPF_A) as u16;
+    const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+    let ins = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let mut p = vec![
+        ins(LD_W_ABS, 0, 0, 0),
+        ins(JEQ_K, 0, 2, PROBE_MAGIC),
+        ins(LD_W_ABS, 0, 0, 4),
+        ins(RET_A, 0, 0, 0),
+        ins(LD_B_ABS, 0, 0, DEST_QP_TOP),
+    ];
+    for m in members {
+        p.push(ins(JEQ_K, 0, 1, u32::from(m.prefix)));
+        p.push(ins(RET_K, 0, 0, m.position));
+    }
+    p.push(ins(RET_K, 0, 0, NO_MEMBER));
+    p
+}
+
+fn attach(fd: RawFd, members: &[Member]) -> Result<(), NicError> {
+    let prog = program(members);
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr().cast_mut(),
+    };
+    sys::setsockopt(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_ATTACH_REUSEPORT_CBPF,
+        &fprog,
+        "SO_ATTACH_REUSEPORT_CBPF",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::{PacketIo, UdpConfig, UdpIo};
+
+    /// A table and program gone wrong (as after a member died between
+    /// checks, or wrote a stale line): the members' checks put it right.
+    #[test]
+    fn members_mend_a_wrong_table_and_program() {
+        let probe = std::net::UdpSocket::bind(("127.0.0.1", 0)).unwrap();
+        let port = probe.local_addr().unwrap().port();
+        let at: SocketAddr = format!("127.62.{}.1:{port}", std::process::id() % 250)
+            .parse()
+            .unwrap();
+        let mut devs: Vec<UdpIo> = (0..3)
+            .map(|_| UdpIo::bind(UdpConfig::new(at)).unwrap())
+            .collect();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = |qpn: u32, tag: u8| {
+            let mut p = [0u8; 40];
+            p[0] = 0x04;
+            p[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+            p[12] = tag;
+            tx.send_to(&p, at).unwrap();
+        };
+        let recv_all = |devs: &mut [UdpIo], ms: u64| -> Vec<Vec<u8>> {
+            let mut got = vec![Vec::new(); devs.len()];
+            let until = Instant::now() + Duration::from_millis(ms);
+            while Instant::now() < until {
+                for (d, g) in devs.iter_mut().zip(got.iter_mut()) {
+                    let mut frames = Vec::new();
+                    d.recv_owned(64, &mut frames).unwrap();
+                    g.extend(frames.iter().filter_map(|f| f.get(54).copied()));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            got
+        };
+        // Swap the second and third members' positions in the table and
+        // the program.
+        let path = table_path(at);
+        {
+            let mut t = Table::lock(&path).unwrap();
+            let mut ms = t.read();
+            assert_eq!(ms.len(), 3);
+            for m in ms.iter_mut() {
+                m.position = match m.position {
+                    1 => 2,
+                    2 => 1,
+                    p => p,
+                };
+            }
+            attach(devs[0].poll_fd(), &ms).unwrap();
+            t.write(&ms).unwrap();
+        }
+        to(0x01_0011, 1);
+        to(0x02_0011, 2);
+        assert_eq!(recv_all(&mut devs, 20), [vec![], vec![2], vec![1]]);
+        // Two checks each (CHECK_EVERY apart) find their lines wrong.
+        recv_all(&mut devs, 350);
+        to(0x00_0011, 3);
+        to(0x01_0011, 4);
+        to(0x02_0011, 5);
+        assert_eq!(recv_all(&mut devs, 20), [vec![3], vec![4], vec![5]]);
+        let moves: u64 = devs.iter().filter_map(|d| d.share()).map(|s| s.moves).sum();
+        assert_eq!(moves, 0, "nobody moved; only the table was wrong");
+    }
+
+    #[test]
+    fn probes_round_trip_and_nothing_else_is_one() {
+        let p = probe(3, 0x1234_5678_9abc_def0);
+        assert_eq!(parse_probe(&p), Some((3, 0x1234_5678_9abc_def0)));
+        // An RC SEND ONLY BTH is not a probe.
+        let mut bth = [0u8; PROBE_LEN];
+        bth[0] = 0x04;
+        assert_eq!(parse_probe(&bth), None);
+        assert_eq!(parse_probe(&p[..15]), None);
+    }
+
+    #[test]
+    fn table_lines_parse_back() {
+        let m = Member {
+            prefix: 7,
+            position: 2,
+            pid: 4242,
+            nonce: 0xdead_beef,
+        };
+        let l = format!("{} {} {} {:016x}", m.prefix, m.position, m.pid, m.nonce);
+        assert_eq!(parse_line(&l), Some(m));
+        assert_eq!(parse_line("7 2 x 00"), None);
+    }
+
+    #[test]
+    fn the_program_maps_each_prefix_to_its_position() {
+        let ms = [
+            Member {
+                prefix: 0,
+                position: 1,
+                pid: 1,
+                nonce: 1,
+            },
+            Member {
+                prefix: 3,
+                position: 0,
+                pid: 1,
+                nonce: 2,
+            },
+        ];
+        let p = program(&ms);
+        // Header (5), two instructions a member, the fallback.
+        assert_eq!(p.len(), 5 + 2 * ms.len() + 1);
+        assert_eq!(p.last().map(|i| i.k), Some(NO_MEMBER));
+        assert!(p.len() <= 5 + 2 * (usize::from(MAX_PREFIX) + 1) + 1);
+    }
+}

@@ -1,0 +1,109 @@
+//! Several UDP devices on one address and port (ranks of a job on one host):
+//! each datagram reaches the device whose QPN prefix its BTH destination QP
+//! carries, also after a device leaves and the kernel reorders the group.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use ferroce_nic::{PacketIo, UdpConfig, UdpIo};
+
+/// A loopback address and port no other test binds: a port the kernel
+/// just handed out, on an address of this test's own.
+fn shared_addr(last: u8) -> SocketAddr {
+    let probe = UdpSocket::bind(("127.0.0.1", 0)).unwrap();
+    let port = probe.local_addr().unwrap().port();
+    format!("127.61.{}.{last}:{port}", std::process::id() % 250)
+        .parse()
+        .unwrap()
+}
+
+fn join(at: SocketAddr) -> UdpIo {
+    UdpIo::bind(UdpConfig::new(at)).unwrap()
+}
+
+/// A datagram that looks like a BTH to QPN `qpn` (the steering reads only
+/// the destination QP), with `tag` after it.
+fn send_to_qpn(from: &UdpSocket, at: SocketAddr, qpn: u32, tag: u8) {
+    let mut p = [0u8; 40];
+    p[0] = 0x04; // RC SEND ONLY
+    p[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+    p[12] = tag;
+    from.send_to(&p, at).unwrap();
+}
+
+/// The tags of what `io` received (the byte after the BTH, behind the
+/// synthesised Ethernet/IPv4/UDP headers).
+fn tags(io: &mut UdpIo) -> Vec<u8> {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < deadline {
+        let mut frames = Vec::new();
+        io.recv_owned(64, &mut frames).unwrap();
+        out.extend(frames.iter().filter_map(|f| f.get(42 + 12).copied()));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    out
+}
+
+#[test]
+fn datagrams_reach_the_device_that_owns_the_qpn() {
+    let at = shared_addr(1);
+    let mut a = join(at);
+    let mut b = join(at);
+    let mut c = join(at);
+    let prefixes: Vec<_> = [&a, &b, &c].iter().map(|d| d.qpn_prefix()).collect();
+    assert_eq!(prefixes, [Some(0), Some(1), Some(2)]);
+    assert_eq!(c.share().map(|s| s.members()), Some(3));
+    let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for round in 0..4u8 {
+        send_to_qpn(&tx, at, 0x00_0011, 10 + round);
+        send_to_qpn(&tx, at, 0x01_0012, 20 + round);
+        send_to_qpn(&tx, at, 0x02_0013, 30 + round);
+    }
+    assert_eq!(tags(&mut a), [10, 11, 12, 13]);
+    assert_eq!(tags(&mut b), [20, 21, 22, 23]);
+    assert_eq!(tags(&mut c), [30, 31, 32, 33]);
+
+    // The first leaves: the kernel moves the last socket into its place,
+    // and the leaver told the group so before it closed.
+    drop(a);
+    for round in 0..3u8 {
+        send_to_qpn(&tx, at, 0x01_0012, 40 + round);
+        send_to_qpn(&tx, at, 0x02_0013, 50 + round);
+    }
+    assert_eq!(tags(&mut b), [40, 41, 42]);
+    assert_eq!(tags(&mut c), [50, 51, 52]);
+    // The periodic checks agree (and count the device at position 0 now).
+    assert_eq!(c.share().map(|s| s.position()), Some(0));
+    assert_eq!(c.share().map(|s| s.members()), Some(2));
+
+    // A newcomer takes the prefix that is free again.
+    let mut d = join(at);
+    assert_eq!(d.qpn_prefix(), Some(0));
+    send_to_qpn(&tx, at, 0x00_0011, 60);
+    send_to_qpn(&tx, at, 0x01_0011, 61);
+    send_to_qpn(&tx, at, 0x02_0011, 62);
+    assert_eq!(tags(&mut d), [60]);
+    assert_eq!(tags(&mut b), [61]);
+    assert_eq!(tags(&mut c), [62]);
+}
+
+#[test]
+fn a_lone_device_keeps_gro_and_its_qpns() {
+    let at = shared_addr(2);
+    let a = join(at);
+    assert_eq!(a.qpn_prefix(), Some(0));
+    assert_eq!(a.share().map(|s| (s.members(), s.position())), Some((1, 0)));
+    // An ephemeral port is never shared.
+    let e = join("127.0.0.1:0".parse().unwrap());
+    assert_eq!(e.qpn_prefix(), None);
+}
+
+#[test]
+fn sharing_off_keeps_the_port_to_itself() {
+    let at = shared_addr(3);
+    let mut cfg = UdpConfig::new(at);
+    cfg.share_port = false;
+    let _a = UdpIo::bind(cfg).unwrap();
+    assert!(UdpIo::bind(UdpConfig::new(at)).is_err());
+}
