@@ -227,7 +227,12 @@ impl PortShare {
             m.position = self.position;
         }
         let _ = attach(fd, &members);
-        let _ = table.write(&members);
+        if members.is_empty() {
+            // Still locked: whoever opens the path next makes a new table.
+            let _ = std::fs::remove_file(&self.path);
+        } else {
+            let _ = table.write(&members);
+        }
     }
 
     fn line(&self) -> Member {
@@ -283,25 +288,31 @@ struct Table {
 }
 
 impl Table {
-    fn lock(path: &PathBuf) -> Result<Table, NicError> {
+    fn lock(path: &std::path::Path) -> Result<Table, NicError> {
+        use std::os::unix::fs::MetadataExt;
         use std::os::unix::fs::OpenOptionsExt;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(path)
-            .map_err(|e| NicError::io("opening the shared-port table", e))?;
         loop {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(path)
+                .map_err(|e| NicError::io("opening the shared-port table", e))?;
             // SAFETY: plain syscall on a file descriptor we own.
-            let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
-            if r == 0 {
-                return Ok(Table { file });
+            while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(NicError::io("locking the shared-port table", e));
+                }
             }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(NicError::io("locking the shared-port table", e));
+            // The last member to leave removes the file: if it did while we
+            // waited for the lock, ours is gone from the path; open it anew.
+            let ours = file.metadata().map(|m| m.ino()).ok();
+            let now = std::fs::metadata(path).map(|m| m.ino()).ok();
+            if ours.is_some() && ours == now {
+                return Ok(Table { file });
             }
         }
     }
@@ -312,10 +323,8 @@ impl Table {
         if self.file.rewind().is_err() || self.file.read_to_string(&mut text).is_err() {
             return Vec::new();
         }
-        text.lines()
-            .filter_map(parse_line)
-            .filter(|m| pid_alive(m.pid))
-            .collect()
+        let lines: Vec<Member> = text.lines().filter_map(parse_line).collect();
+        without_the_dead(lines, |m| pid_alive(m.pid))
     }
 
     fn write(&mut self, members: &[Member]) -> Result<(), NicError> {
@@ -328,6 +337,27 @@ impl Table {
         self.file.rewind().map_err(io)?;
         self.file.write_all(text.as_bytes()).map_err(io)
     }
+}
+
+/// `members` without those `alive` rejects, and with the positions the
+/// kernel gave the others when their sockets closed: each time, the last
+/// socket moved into the closed one's place. Two that died between checks
+/// are taken last first (the order they died in is not known; a member
+/// this puts in the wrong place finds its own at its next check).
+fn without_the_dead(members: Vec<Member>, alive: impl Fn(&Member) -> bool) -> Vec<Member> {
+    let (mut live, mut dead): (Vec<Member>, Vec<Member>) = members.into_iter().partition(alive);
+    dead.sort_by_key(|m| std::cmp::Reverse(m.position));
+    let mut size = live.len() + dead.len();
+    for d in dead {
+        size -= 1;
+        let last = size as u32;
+        if d.position < last {
+            if let Some(m) = live.iter_mut().find(|m| m.position == last) {
+                m.position = d.position;
+            }
+        }
+    }
+    live
 }
 
 fn parse_line(l: &str) -> Option<Member> {
@@ -568,6 +598,27 @@ mod tests {
         bth[0] = 0x04;
         assert_eq!(parse_probe(&bth), None);
         assert_eq!(parse_probe(&p[..15]), None);
+    }
+
+    #[test]
+    fn the_dead_leave_their_places_to_the_last() {
+        let m = |prefix: u8, position| Member {
+            prefix,
+            position,
+            pid: u32::from(prefix),
+            nonce: u64::from(prefix),
+        };
+        let four = vec![m(0, 0), m(1, 1), m(2, 2), m(3, 3)];
+        // The first died: the last took its place.
+        let left = without_the_dead(four.clone(), |x| x.prefix != 0);
+        assert_eq!(left, [m(1, 1), m(2, 2), m(3, 0)]);
+        // The last died: nobody moved.
+        let left = without_the_dead(four.clone(), |x| x.prefix != 3);
+        assert_eq!(left, [m(0, 0), m(1, 1), m(2, 2)]);
+        // Two died: the one at 2 first (3 takes 2), then the one at 0 (3,
+        // the last again, takes 0).
+        let left = without_the_dead(four, |x| x.prefix == 1 || x.prefix == 3);
+        assert_eq!(left, [m(1, 1), m(3, 0)]);
     }
 
     #[test]

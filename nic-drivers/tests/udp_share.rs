@@ -97,6 +97,19 @@ fn a_lone_device_keeps_gro_and_its_qpns() {
     // An ephemeral port is never shared.
     let e = join("127.0.0.1:0".parse().unwrap());
     assert_eq!(e.qpn_prefix(), None);
+    // The last member out removes the group's table.
+    let table = |at: SocketAddr| {
+        let name = format!("-{}-{}.members", at.ip(), at.port());
+        ["/dev/shm".into(), std::env::temp_dir()]
+            .iter()
+            .filter_map(|d| std::fs::read_dir(d).ok())
+            .flatten()
+            .filter_map(Result::ok)
+            .any(|f| f.file_name().to_string_lossy().ends_with(&name))
+    };
+    assert!(table(at));
+    drop(a);
+    assert!(!table(at));
 }
 
 #[test]
