@@ -426,8 +426,7 @@ impl UdpIo {
         }
         let mut gro =
             cfg.gro && sys::setsockopt(raw, libc::SOL_UDP, UDP_GRO, &one, "UDP_GRO").is_ok();
-        let shared = cfg.share_port && cfg.bind.port() != 0;
-        if shared {
+        let joining = if cfg.share_port && cfg.bind.port() != 0 {
             sys::setsockopt(
                 raw,
                 libc::SOL_SOCKET,
@@ -435,17 +434,16 @@ impl UdpIo {
                 &one,
                 "SO_REUSEPORT",
             )?;
-        }
+            Some(PortShare::prepare(cfg.bind)?)
+        } else {
+            None
+        };
         let (ss, len) = to_sockaddr(&cfg.bind);
         // SAFETY: ss holds a valid sockaddr of `len` bytes.
         let r = unsafe { libc::bind(raw, (&ss as *const libc::sockaddr_storage).cast(), len) };
         sys::cvt(r, &format!("bind {}", cfg.bind))?;
         let local = local_addr(raw)?;
-        let share = if shared {
-            Some(PortShare::join(raw, local)?)
-        } else {
-            None
-        };
+        let share = joining.map(|j| j.join(raw)).transpose()?;
         let rx_gro = gro;
         if gro && share.as_ref().is_some_and(|s| s.members() > 1) {
             gro = !set_gro(raw, false);

@@ -289,6 +289,11 @@ pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
                         // (UdpConfig::gather); FERROCE_UDP_GATHER=0 joins each
                         // frame in user space first, for comparison.
                         c.gather = std::env::var("FERROCE_UDP_GATHER").map_or(true, |v| v != "0");
+                        // Other processes' devices may bind the same address
+                        // (ferroce_nic::port_share); FERROCE_UDP_SHARE=0 keeps
+                        // the port to this one, as a second bind then fails.
+                        c.share_port =
+                            std::env::var("FERROCE_UDP_SHARE").map_or(true, |v| v != "0");
                         UdpIo::bind(c)
                             .map(|io| {
                                 let local = io.local_addr();
