@@ -24,6 +24,11 @@
 //! retransmissions cover the loss. A member that leaves cleanly hands its
 //! position to the last one before it closes.
 //!
+//! The members must see one `/dev/shm` and one PID namespace (a dead
+//! member is known by its PID), as the processes of a job on one host or in
+//! one container do; containers that share only a network namespace should
+//! give each rank its own address instead.
+//!
 //! While the group has more than one member, the sockets take no UDP GRO:
 //! a NIC's GRO would merge datagrams of one flow (same addresses and ports)
 //! for different members into one, and the program steers it whole. For the
@@ -414,7 +419,10 @@ fn parse_line(l: &str) -> Option<Member> {
 /// one namespace; `/dev/shm` is shared by all), and per user (only one
 /// user's sockets can join a group).
 fn table_path(local: SocketAddr) -> PathBuf {
-    let netns = std::fs::metadata("/proc/self/ns/net")
+    // The calling thread's namespace, where the socket was just made (a
+    // thread may have entered another than the process's).
+    let netns = std::fs::metadata("/proc/thread-self/ns/net")
+        .or_else(|_| std::fs::metadata("/proc/self/ns/net"))
         .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
         .unwrap_or(0);
     // SAFETY: getuid cannot fail.
