@@ -282,6 +282,7 @@ pub struct UdpIo {
     gro_on: bool,
     // Receives since the socket was bound (when to check the share).
     share_polls: u32,
+    share_warned: bool,
 }
 
 impl Drop for UdpIo {
@@ -484,6 +485,7 @@ impl UdpIo {
             share,
             gro_on: gro,
             share_polls: 0,
+            share_warned: false,
             cfg,
         };
         if cfg.uring {
@@ -968,7 +970,7 @@ impl PacketIo for UdpIo {
         max: usize,
         sink: &mut RxSinkChecked<'_>,
     ) -> Result<usize, NicError> {
-        self.maintain_share()?;
+        self.maintain_share();
         if self.uring.is_some() {
             return self.recv_uring(max, sink);
         }
@@ -1193,24 +1195,36 @@ impl UdpIo {
 
     /// A shared port's periodic check ([`PortShare::tick`]), with UDP GRO
     /// off while others share the port and back on when they have gone.
-    fn maintain_share(&mut self) -> Result<(), NicError> {
+    fn maintain_share(&mut self) {
         let Some(share) = self.share.as_mut() else {
-            return Ok(());
+            return;
         };
         // A clock read on every receive would cost a busy-polling engine
         // ~5 % of an empty poll; every 16th is often enough for 100 ms.
         self.share_polls = self.share_polls.wrapping_add(1);
         if self.share_polls % 16 != 1 {
-            return Ok(());
+            return;
         }
         let fd = self.sock.as_raw_fd();
-        if let Some(members) = share.tick(fd, std::time::Instant::now())? {
+        // The table or a probe failing (a full /dev/shm, say) costs the
+        // steering its mending, not the device its traffic.
+        let members = share
+            .tick(fd, std::time::Instant::now())
+            .unwrap_or_else(|e| {
+                // Once loudly; a lasting fault would repeat every check.
+                if std::mem::replace(&mut self.share_warned, true) {
+                    tracing::debug!("shared UDP port {}: {e}", self.local);
+                } else {
+                    tracing::warn!("shared UDP port {}: {e}", self.local);
+                }
+                None
+            });
+        if let Some(members) = members {
             let want = self.cfg.gro && members == 1;
             if want != self.gro_on && set_gro(fd, want) {
                 self.gro_on = want;
             }
         }
-        Ok(())
     }
 
     /// This socket's membership of a port shared with other processes'
