@@ -120,3 +120,46 @@ fn sharing_off_keeps_the_port_to_itself() {
     let _a = UdpIo::bind(cfg).unwrap();
     assert!(UdpIo::bind(UdpConfig::new(at)).is_err());
 }
+
+/// The same over IPv6, and on a wildcard address (probes then go to
+/// loopback, where the wildcard sockets' group answers too).
+#[test]
+fn ipv6_and_wildcard_groups_steer_too() {
+    for (bind, to) in [
+        ("[::1]", "[::1]"),
+        ("0.0.0.0", "127.0.0.1"),
+        ("[::]", "[::1]"),
+    ] {
+        let probe = UdpSocket::bind(format!("{to}:0")).unwrap();
+        let port = probe.local_addr().unwrap().port();
+        drop(probe);
+        let at: SocketAddr = format!("{bind}:{port}").parse().unwrap();
+        let dst: SocketAddr = format!("{to}:{port}").parse().unwrap();
+        let mut a = join(at);
+        let mut b = join(at);
+        assert_eq!(
+            (a.qpn_prefix(), b.qpn_prefix()),
+            (Some(0), Some(1)),
+            "{bind}"
+        );
+        let tx = UdpSocket::bind(format!("{to}:0")).unwrap();
+        send_to_qpn(&tx, dst, 0x00_0011, 1);
+        send_to_qpn(&tx, dst, 0x01_0011, 2);
+        send_to_qpn(&tx, dst, 0x00_0012, 3);
+        // Over IPv6 the frame's headers are 20 bytes longer.
+        let off = if dst.is_ipv6() { 20 } else { 0 };
+        let got = |io: &mut UdpIo| -> Vec<u8> {
+            let mut out = Vec::new();
+            let deadline = Instant::now() + Duration::from_millis(150);
+            while Instant::now() < deadline {
+                let mut frames = Vec::new();
+                io.recv_owned(64, &mut frames).unwrap();
+                out.extend(frames.iter().filter_map(|f| f.get(off + 42 + 12).copied()));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            out
+        };
+        assert_eq!(got(&mut a), [1, 3], "{bind}");
+        assert_eq!(got(&mut b), [2], "{bind}");
+    }
+}
