@@ -86,6 +86,15 @@ pub enum NicError {
     /// A neighbour (MAC for an IP) could not be resolved in time.
     #[error("no neighbour entry for {0} after resolution")]
     NoNeighbour(std::net::IpAddr),
+    /// The destination is an address of this host (this namespace): the
+    /// kernel delivers to it over loopback and never resolves it, so frames
+    /// sent on an interface cannot reach it.
+    #[error(
+        "{0} is an address of this host: frames sent on the interface do not come back to it \
+         (rxe reaches it through the kernel's loopback); use the UDP backend (--backend udp) \
+         for processes on one host"
+    )]
+    LocalPeer(std::net::IpAddr),
     /// A configuration value is out of range.
     #[error("bad configuration: {0}")]
     Config(String),

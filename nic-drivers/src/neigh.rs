@@ -177,6 +177,10 @@ pub fn resolve(ip: IpAddr, ifname: &str, timeout: Duration) -> Result<[u8; 6], N
     if let Some(mac) = lookup(ip, ifname)? {
         return Ok(mac);
     }
+    // An address of our own never gets a neighbour entry: say so at once.
+    if UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok() {
+        return Err(NicError::LocalPeer(ip));
+    }
     let deadline = Instant::now() + timeout;
     let mut next_probe = Instant::now();
     loop {
@@ -208,6 +212,13 @@ pub fn resolve(ip: IpAddr, ifname: &str, timeout: Duration) -> Result<[u8; 6], N
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_address_of_this_host_is_refused_at_once() {
+        // Without the check it would wait out the time-out for NoNeighbour.
+        let r = resolve("127.0.0.1".parse().unwrap(), "lo", Duration::from_secs(5));
+        assert!(matches!(r, Err(NicError::LocalPeer(_))), "{r:?}");
+    }
 
     #[test]
     fn newneigh_parser_never_panics() {
