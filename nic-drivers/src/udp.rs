@@ -278,8 +278,10 @@ pub struct UdpIo {
     ids: IdRecovery,
     // Membership of a port shared with other processes' devices.
     share: Option<PortShare>,
-    // Whether UDP_GRO is on now (off while the port has several members).
+    // Whether UDP_GRO is on now (off while the port has several members),
+    // and whether it was at bind (the receive slots are sized for it).
     gro_on: bool,
+    gro_capable: bool,
     // Receives since the socket was bound (when to check the share).
     share_polls: u32,
     share_warned: bool,
@@ -484,6 +486,7 @@ impl UdpIo {
             ids: IdRecovery::default(),
             share,
             gro_on: gro,
+            gro_capable: rx_gro,
             share_polls: 0,
             share_warned: false,
             cfg,
@@ -1220,7 +1223,7 @@ impl UdpIo {
                 None
             });
         if let Some(members) = members {
-            let want = self.cfg.gro && members == 1;
+            let want = self.gro_capable && members == 1;
             if want != self.gro_on && set_gro(fd, want) {
                 self.gro_on = want;
             }

@@ -489,9 +489,9 @@ impl Core {
         let slot = match self.free_qps.pop() {
             Some(s) => s,
             None => {
-                let (_, end) = self.qpn_range();
+                let (base, end) = self.qpn_range();
                 if self.qps.len() >= self.cfg.max_qp as usize
-                    || self.qps.len() as u32 + self.qpn_range().0 >= end
+                    || self.qps.len() as u32 + base >= end
                 {
                     return Err(VerbsError::Exhausted("queue pairs"));
                 }
