@@ -490,8 +490,7 @@ impl Core {
             Some(s) => s,
             None => {
                 let (base, end) = self.qpn_range();
-                if self.qps.len() >= self.cfg.max_qp as usize
-                    || self.qps.len() as u32 + base >= end
+                if self.qps.len() >= self.cfg.max_qp as usize || self.qps.len() as u32 + base >= end
                 {
                     return Err(VerbsError::Exhausted("queue pairs"));
                 }
