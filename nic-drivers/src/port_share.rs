@@ -283,6 +283,13 @@ impl std::fmt::Debug for Joining {
 }
 
 impl Joining {
+    /// The socket did not bind: a table this made for it alone goes again.
+    pub fn abandon(self) {
+        if self.members.is_empty() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+
     /// Joins with `fd`, just bound: takes a free prefix, finds the socket's
     /// position and attaches the program for the table with it added.
     /// Datagrams that reach the socket meanwhile are read and dropped (it
@@ -319,7 +326,15 @@ impl Joining {
         if !members.is_empty() {
             attach_program(fd, &members)?;
         }
-        me.position = me.find_position(fd, members.len() as u32 + 1 + SEARCH_SLACK)?;
+        me.position = match me.find_position(fd, members.len() as u32 + 1 + SEARCH_SLACK) {
+            Ok(p) => p,
+            Err(e) => {
+                if members.is_empty() {
+                    let _ = std::fs::remove_file(&me.path);
+                }
+                return Err(e);
+            }
+        };
         members.push(me.line());
         attach(fd, &members)?;
         table.write(&members)?;

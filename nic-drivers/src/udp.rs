@@ -444,7 +444,12 @@ impl UdpIo {
         let (ss, len) = to_sockaddr(&cfg.bind);
         // SAFETY: ss holds a valid sockaddr of `len` bytes.
         let r = unsafe { libc::bind(raw, (&ss as *const libc::sockaddr_storage).cast(), len) };
-        sys::cvt(r, &format!("bind {}", cfg.bind))?;
+        if let Err(e) = sys::cvt(r, &format!("bind {}", cfg.bind)) {
+            if let Some(j) = joining {
+                j.abandon();
+            }
+            return Err(e);
+        }
         let local = local_addr(raw)?;
         let share = joining.map(|j| j.join(raw)).transpose()?;
         let rx_gro = gro;

@@ -98,18 +98,20 @@ fn a_lone_device_keeps_gro_and_its_qpns() {
     let e = join("127.0.0.1:0".parse().unwrap());
     assert_eq!(e.qpn_prefix(), None);
     // The last member out removes the group's table.
-    let table = |at: SocketAddr| {
-        let name = format!("-{}-{}.members", at.ip(), at.port());
-        ["/dev/shm".into(), std::env::temp_dir()]
-            .iter()
-            .filter_map(|d| std::fs::read_dir(d).ok())
-            .flatten()
-            .filter_map(Result::ok)
-            .any(|f| f.file_name().to_string_lossy().ends_with(&name))
-    };
-    assert!(table(at));
+    assert!(table_exists(at));
     drop(a);
-    assert!(!table(at));
+    assert!(!table_exists(at));
+}
+
+/// Whether a shared-port table for `at` exists.
+fn table_exists(at: SocketAddr) -> bool {
+    let name = format!("-{}-{}.members", at.ip(), at.port());
+    ["/dev/shm".into(), std::env::temp_dir()]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .filter_map(Result::ok)
+        .any(|f| f.file_name().to_string_lossy().ends_with(&name))
 }
 
 #[test]
@@ -119,6 +121,8 @@ fn sharing_off_keeps_the_port_to_itself() {
     cfg.share_port = false;
     let _a = UdpIo::bind(cfg).unwrap();
     assert!(UdpIo::bind(UdpConfig::new(at)).is_err());
+    // The refused one leaves no table behind.
+    assert!(!table_exists(at));
 }
 
 /// The same over IPv6, and on a wildcard address (probes then go to
