@@ -14,15 +14,18 @@
 //! closes, moves the last one into its place (`reuseport_detach_sock`); a
 //! program can only answer with a position. So the members keep a table of
 //! (prefix, position, pid, nonce) in a file under `/dev/shm`, changed under
-//! `flock(2)`, and build the program from it. A member learns its position by
-//! sending itself probes: a probe carries a position, which the program
-//! returns as is, and the lowest position one of its own probes comes back
-//! through is its own (a position past the last makes the kernel fall back
-//! to its hash, which may land anywhere, but only on a higher number). It
-//! checks every [`CHECK_EVERY`], so after a member dies the one moved into
-//! its place is steered right again within that; in between the peers'
-//! retransmissions cover the loss. A member that leaves cleanly hands its
-//! position to the last one before it closes.
+//! `flock(2)`, and build the program from it; a joiner takes the lock before
+//! it binds. A member learns its position by sending itself probes: a probe
+//! carries a position, which the program returns as is, so the lowest
+//! position one of its own probes comes back through is its own (a probe for
+//! a position past the last falls back to the kernel's hash and may land on
+//! it too, but its own position is lower). It checks every [`CHECK_EVERY`]
+//! while its engine runs. A member that leaves cleanly hands its position to
+//! the last one before it closes; a member that finds a dead one in the
+//! table does the kernel's move in the table itself, so even an idle member
+//! is steered right again within a check of anyone's; in between the peers'
+//! retransmissions cover the loss. A member alone runs no program: the
+//! kernel would run it for every datagram.
 //!
 //! The members must see one `/dev/shm` and one PID namespace (a dead
 //! member is known by its PID), as the processes of a job on one host or in
