@@ -85,9 +85,8 @@ pub struct PortShare {
     members: usize,
     next_check: Instant,
     /// The lowest position one of our probes came back through since the
-    /// last check, and whether that check searched the whole group.
+    /// last check.
     seen: Option<u32>,
-    searching: bool,
     /// Times a check found this socket moved.
     pub moves: u64,
 }
@@ -187,8 +186,7 @@ impl PortShare {
         drop(table);
         // A round that saw nothing searches the whole group next; otherwise
         // our position can only have gone down.
-        self.searching = seen.is_none();
-        let upto = if self.searching {
+        let upto = if seen.is_none() {
             self.members as u32 + SEARCH_SLACK
         } else {
             self.position + 1
@@ -269,6 +267,7 @@ impl PortShare {
 
 /// A group's table, locked, for a socket about to bind to `local` with
 /// `SO_REUSEPORT` ([`PortShare::prepare`]).
+#[derive(Debug)]
 pub struct Joining {
     path: PathBuf,
     table: Table,
@@ -276,21 +275,10 @@ pub struct Joining {
     local: SocketAddr,
 }
 
-impl std::fmt::Debug for Joining {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Joining")
-            .field("local", &self.local)
-            .field("members", &self.members.len())
-            .finish_non_exhaustive()
-    }
-}
-
 impl Joining {
     /// The socket did not bind: a table this made for it alone goes again.
     pub fn abandon(self) {
-        if self.members.is_empty() {
-            let _ = std::fs::remove_file(&self.path);
-        }
+        remove_if_unused(&self.path, &self.members);
     }
 
     /// Joins with `fd`, just bound: takes a free prefix, finds the socket's
@@ -321,7 +309,6 @@ impl Joining {
             members: members.len() + 1,
             next_check: Instant::now() + CHECK_EVERY,
             seen: None,
-            searching: false,
             moves: 0,
         };
         // The others' datagrams go to them from now on, and our probes to
@@ -332,9 +319,7 @@ impl Joining {
         me.position = match me.find_position(fd, members.len() as u32 + 1 + SEARCH_SLACK) {
             Ok(p) => p,
             Err(e) => {
-                if members.is_empty() {
-                    let _ = std::fs::remove_file(&me.path);
-                }
+                remove_if_unused(&me.path, &members);
                 return Err(e);
             }
         };
@@ -345,7 +330,16 @@ impl Joining {
     }
 }
 
+/// Removes the table at `path` when `members` (read under its lock, which
+/// the caller still holds) is empty: only a joiner that failed made it.
+fn remove_if_unused(path: &std::path::Path, members: &[Member]) {
+    if members.is_empty() {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 /// The table's file, open and locked until dropped.
+#[derive(Debug)]
 struct Table {
     file: File,
 }

@@ -427,8 +427,7 @@ impl UdpIo {
         ] {
             sys::set_socket_buffer(raw, force, plain, cfg.socket_buffer, what);
         }
-        let mut gro =
-            cfg.gro && sys::setsockopt(raw, libc::SOL_UDP, UDP_GRO, &one, "UDP_GRO").is_ok();
+        let mut gro = cfg.gro && set_gro(raw, true);
         let joining = if cfg.share_port && cfg.bind.port() != 0 {
             sys::setsockopt(
                 raw,

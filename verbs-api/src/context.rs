@@ -200,10 +200,9 @@ impl Context {
         let max_mtu = device::ib_mtu_for(engine_mtu);
         c.max_mtu = max_mtu;
         // A port shared with other processes' devices: our QPNs carry the
-        // prefix datagrams are steered by, 0xFFEF of them at most.
+        // prefix datagrams are steered by.
         if let Some(p) = io.qpn_prefix() {
-            c.qpn_prefix = Some(p);
-            c.max_qp = c.max_qp.min(0xFFEF);
+            c.set_qpn_prefix(p);
         }
         let attr = DeviceAttr {
             max_qp: c.max_qp,

@@ -68,6 +68,15 @@ pub struct Config {
     pub qpn_prefix: Option<u8>,
 }
 
+impl Config {
+    /// Gives this core's QPNs the top byte `prefix` ([`Config::qpn_prefix`]),
+    /// with `max_qp` no larger than the QPNs under it.
+    pub fn set_qpn_prefix(&mut self, prefix: u8) {
+        self.qpn_prefix = Some(prefix);
+        self.max_qp = self.max_qp.min(0x1_0000 - QPN_BASE);
+    }
+}
+
 impl Default for Config {
     fn default() -> Config {
         Config {
