@@ -16,6 +16,7 @@ use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::frame::ROCE_V2_PORT;
+use crate::raw_share::RawShare;
 use crate::{offload, sys};
 use crate::{NicError, PacketIo, RxSink, Stats, TxFill};
 
@@ -120,8 +121,14 @@ pub struct AfPacketConfig {
     /// own copy of each RoCE frame is discarded early instead of answered
     /// with ICMP port-unreachable (which costs the receive path ~15 % and
     /// sends ICMP to the peer). Skipped silently if the port is taken (e.g.
-    /// by the UDP backend).
+    /// by the UDP backend, or by another process's sink: one is enough).
     pub sink_socket: bool,
+    /// Take a QPN prefix from the interface's table of ferroce devices
+    /// ([`raw_share`](crate::raw_share)) and keep only frames to QPs under
+    /// it, so several processes can each run a device on the interface.
+    /// Off by default here (the filter would drop test frames that carry no
+    /// BTH); the verbs layer turns it on.
+    pub share_qpns: bool,
 }
 
 impl AfPacketConfig {
@@ -145,6 +152,7 @@ impl AfPacketConfig {
             // qdisc. No gain on veth (MACHINE.md).
             qdisc_bypass: false,
             sink_socket: true,
+            share_qpns: false,
         }
     }
 }
@@ -240,41 +248,73 @@ impl Drop for Mmap {
 }
 
 /// The classic BPF program: accept Ethernet [+ one 802.1Q tag] / IPv4 (no
-/// options, not a fragment) or IPv6 (no extension headers) / UDP to `port`.
-pub fn udp_port_filter(port: u16) -> Vec<libc::sock_filter> {
+/// options, not a fragment) or IPv6 (no extension headers) / UDP to `port`,
+/// and with `qpn_prefix`, only datagrams whose BTH destination QP has that
+/// top byte (or that are too short to hold one: the stack counts those).
+pub fn udp_port_filter(port: u16, qpn_prefix: Option<u8>) -> Vec<libc::sock_filter> {
     // Opcodes from linux/bpf_common.h + linux/filter.h.
     const LDX_IMM: u16 = 0x01; // BPF_LDX | BPF_W | BPF_IMM
+    const LD_LEN: u16 = 0x80; // BPF_LD | BPF_W | BPF_LEN
+    const SUB_X: u16 = 0x1c; // BPF_ALU | BPF_SUB | BPF_X
     const LDH_ABS: u16 = 0x28; // BPF_LD | BPF_H | BPF_ABS
     const LDH_IND: u16 = 0x48; // BPF_LD | BPF_H | BPF_IND
     const LDB_IND: u16 = 0x50; // BPF_LD | BPF_B | BPF_IND
     const JEQ: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const JGE: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
     const JSET: u16 = 0x45; // BPF_JMP | BPF_JSET | BPF_K
     const RET: u16 = 0x06; // BPF_RET | BPF_K
+
+    // Byte 5 of the BTH (the top byte of the destination QP), from the UDP header.
+    const DEST_QP_TOP: u32 = 8 + 5;
     let i = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
     let p = u32::from(port);
-    vec![
-        i(LDX_IMM, 0, 0, 0),       // 0: X = 0 (no VLAN)
-        i(LDH_ABS, 0, 0, 12),      // 1: A = EtherType
-        i(JEQ, 0, 2, 0x8100),      // 2: 802.1Q? else -> 5
-        i(LDX_IMM, 0, 0, 4),       // 3: X = 4 (tag length)
-        i(LDH_ABS, 0, 0, 16),      // 4: A = inner EtherType
-        i(JEQ, 0, 8, 0x0800),      // 5: IPv4? else -> 14
-        i(LDB_IND, 0, 0, 14),      // 6: version/IHL
-        i(JEQ, 0, 12, 0x45),       // 7: IPv4 without options, else reject
-        i(LDB_IND, 0, 0, 23),      // 8: protocol
-        i(JEQ, 0, 10, 17),         // 9: UDP, else reject
-        i(LDH_IND, 0, 0, 20),      // 10: flags + fragment offset
-        i(JSET, 8, 0, 0x3FFF),     // 11: MF or fragment offset -> reject
-        i(LDH_IND, 0, 0, 36),      // 12: UDP dst port (14 + 20 + 2)
-        i(JEQ, 5, 6, p),           // 13: -> accept / reject
-        i(JEQ, 0, 5, 0x86DD),      // 14: IPv6? else reject
-        i(LDB_IND, 0, 0, 20),      // 15: next header
-        i(JEQ, 0, 3, 17),          // 16: UDP, else reject
-        i(LDH_IND, 0, 0, 56),      // 17: UDP dst port (14 + 40 + 2)
-        i(JEQ, 0, 1, p),           // 18: -> accept / reject
-        i(RET, 0, 0, 0x0004_0000), // 19: accept whole frame
-        i(RET, 0, 0, 0),           // 20: reject
-    ]
+    // Instructions 0..=18 end in "accept" (19 + `tail`) or "reject" (20 + `tail`);
+    // with a prefix, the port checks go to the QPN checks (19.., 24..) first.
+    let (tail, v6_ok) = if qpn_prefix.is_some() {
+        (10, 5)
+    } else {
+        (0, 0)
+    };
+    let mut prog = vec![
+        i(LDX_IMM, 0, 0, 0),          // 0: X = 0 (no VLAN)
+        i(LDH_ABS, 0, 0, 12),         // 1: A = EtherType
+        i(JEQ, 0, 2, 0x8100),         // 2: 802.1Q? else -> 5
+        i(LDX_IMM, 0, 0, 4),          // 3: X = 4 (tag length)
+        i(LDH_ABS, 0, 0, 16),         // 4: A = inner EtherType
+        i(JEQ, 0, 8, 0x0800),         // 5: IPv4? else -> 14
+        i(LDB_IND, 0, 0, 14),         // 6: version/IHL
+        i(JEQ, 0, 12 + tail, 0x45),   // 7: IPv4 without options, else reject
+        i(LDB_IND, 0, 0, 23),         // 8: protocol
+        i(JEQ, 0, 10 + tail, 17),     // 9: UDP, else reject
+        i(LDH_IND, 0, 0, 20),         // 10: flags + fragment offset
+        i(JSET, 8 + tail, 0, 0x3FFF), // 11: MF or fragment offset -> reject
+        i(LDH_IND, 0, 0, 36),         // 12: UDP dst port (14 + 20 + 2)
+        i(JEQ, 5, 6 + tail, p),       // 13: -> accept (or QPN check) / reject
+        i(JEQ, 0, 5 + tail, 0x86DD),  // 14: IPv6? else reject
+        i(LDB_IND, 0, 0, 20),         // 15: next header
+        i(JEQ, 0, 3 + tail, 17),      // 16: UDP, else reject
+        i(LDH_IND, 0, 0, 56),         // 17: UDP dst port (14 + 40 + 2)
+        i(JEQ, v6_ok, 1 + tail, p),   // 18: -> accept (or QPN check) / reject
+    ];
+    if let Some(q) = qpn_prefix {
+        let q = u32::from(q);
+        let (bth4, bth6) = (14 + 20 + DEST_QP_TOP, 14 + 40 + DEST_QP_TOP);
+        prog.extend([
+            i(LD_LEN, 0, 0, 0),     // 19: A = frame length
+            i(SUB_X, 0, 0, 0),      // 20: less the VLAN tag
+            i(JGE, 0, 7, bth4 + 1), // 21: no BTH byte 5 -> accept
+            i(LDB_IND, 0, 0, bth4), // 22: A = destination QP >> 16
+            i(JEQ, 5, 6, q),        // 23: ours -> accept, else reject
+            i(LD_LEN, 0, 0, 0),     // 24: the same for IPv6
+            i(SUB_X, 0, 0, 0),      // 25
+            i(JGE, 0, 2, bth6 + 1), // 26
+            i(LDB_IND, 0, 0, bth6), // 27
+            i(JEQ, 0, 1, q),        // 28
+        ]);
+    }
+    prog.push(i(RET, 0, 0, 0x0004_0000)); // accept whole frame
+    prog.push(i(RET, 0, 0, 0)); // reject
+    prog
 }
 
 /// The AF_PACKET backend.
@@ -298,6 +338,7 @@ pub struct AfPacketIo {
     tx_unsent: bool,
     mtu: usize,
     _sink: Option<OwnedFd>,
+    share: Option<RawShare>,
     // The RX ring carries a virtio-net header before each frame (GSO size).
     vnet: bool,
     scratch: Vec<u8>,
@@ -464,13 +505,18 @@ impl AfPacketIo {
             return Err(NicError::Config(format!("afpacket {cfg:?}")));
         }
         let ifindex = sys::if_index(&cfg.ifname)?;
+        let share = if cfg.share_qpns {
+            Some(RawShare::join(ifindex)?)
+        } else {
+            None
+        };
 
         // --- RX: V3 ring + filter ---
         let rx_fd = packet_socket()?;
         let rx = rx_fd.as_raw_fd();
         let mac = sys::if_mac(rx, &cfg.ifname)?;
         let mtu = sys::if_mtu(rx, &cfg.ifname)?;
-        let prog = udp_port_filter(cfg.port);
+        let prog = udp_port_filter(cfg.port, share.as_ref().map(RawShare::prefix));
         let fprog = libc::sock_fprog {
             len: prog.len() as u16,
             filter: prog.as_ptr() as *mut libc::sock_filter,
@@ -632,6 +678,7 @@ impl AfPacketIo {
             } else {
                 None
             },
+            share,
             vnet,
             scratch: vec![0u8; frame_size + 4],
             segment: Vec::with_capacity(frame_size + 4),
@@ -935,6 +982,10 @@ impl PacketIo for AfPacketIo {
         Ok(n)
     }
 
+    fn qpn_prefix(&self) -> Option<u8> {
+        self.share.as_ref().map(RawShare::prefix)
+    }
+
     fn poll_fd(&self) -> RawFd {
         self.rx_fd.as_raw_fd()
     }
@@ -985,6 +1036,8 @@ pub(crate) mod tests {
             let k = i.k as usize;
             match i.code {
                 0x01 => x = i.k,
+                0x80 => a = pkt.len() as u32,
+                0x1c => a = a.wrapping_sub(x),
                 0x28 => match ld(k, 2) {
                     Some(v) => a = v,
                     None => return 0,
@@ -993,11 +1046,11 @@ pub(crate) mod tests {
                     Some(v) => a = v,
                     None => return 0,
                 },
-                0x15 | 0x45 => {
-                    let t = if i.code == 0x15 {
-                        a == i.k
-                    } else {
-                        a & i.k != 0
+                0x15 | 0x35 | 0x45 => {
+                    let t = match i.code {
+                        0x15 => a == i.k,
+                        0x35 => a >= i.k,
+                        _ => a & i.k != 0,
                     };
                     pc += usize::from(if t { i.jt } else { i.jf });
                 }
@@ -1009,6 +1062,11 @@ pub(crate) mod tests {
     }
 
     fn f(src: &str, dst: &str) -> Vec<u8> {
+        to_qp(src, dst, 0, 32)
+    }
+
+    /// A frame whose UDP payload (`len` bytes) starts like a BTH to QP `qpn`.
+    fn to_qp(src: &str, dst: &str, qpn: u32, len: usize) -> Vec<u8> {
         let spec = HeaderSpec {
             dst_mac: [2; 6],
             src_mac: [4; 6],
@@ -1017,12 +1075,53 @@ pub(crate) mod tests {
             tos: 0,
             ttl: 64,
         };
-        build_udp_frame(&spec, &[0u8; 32]).unwrap()
+        let mut bth = vec![0u8; len];
+        for (b, v) in bth.iter_mut().skip(4).zip(qpn.to_be_bytes()) {
+            *b = v;
+        }
+        build_udp_frame(&spec, &bth).unwrap()
+    }
+
+    #[test]
+    fn a_shared_device_keeps_only_frames_to_its_qpns() {
+        let p = udp_port_filter(4791, Some(3));
+        for (src, dst) in [
+            ("1.1.1.1:5", "2.2.2.2:4791"),
+            ("[fd00::1]:5", "[fd00::2]:4791"),
+        ] {
+            assert!(run_cbpf(&p, &to_qp(src, dst, 0x03_0011, 32)) > 0, "{dst}");
+            assert!(run_cbpf(&p, &to_qp(src, dst, 0x03_FFFF, 32)) > 0);
+            assert_eq!(run_cbpf(&p, &to_qp(src, dst, 0x00_0011, 32)), 0, "{dst}");
+            assert_eq!(run_cbpf(&p, &to_qp(src, dst, 0x04_0011, 32)), 0);
+            // Too short for a BTH's QP: handed up, for the stack to count.
+            assert!(run_cbpf(&p, &to_qp(src, dst, 0, 5)) > 0, "{dst}");
+            assert_eq!(run_cbpf(&p, &to_qp(src, dst, 0x00_0011, 6)), 0);
+            let mut tagged = to_qp(src, dst, 0x03_0011, 32);
+            tagged.splice(12..12, [0x81, 0x00, 0x00, 0x07]);
+            assert!(run_cbpf(&p, &tagged) > 0, "one VLAN tag");
+            let mut tagged = to_qp(src, dst, 0x02_0011, 32);
+            tagged.splice(12..12, [0x81, 0x00, 0x00, 0x07]);
+            assert_eq!(run_cbpf(&p, &tagged), 0);
+            let mut other_port = to_qp(src, dst, 0x03_0011, 32);
+            let at = other_port.len() - 32 - 6;
+            other_port[at] ^= 1;
+            assert_eq!(run_cbpf(&p, &other_port), 0, "other ports still refused");
+        }
+        // Everything the prefix-less filter refuses, this one refuses too.
+        let plain = udp_port_filter(4791, None);
+        let mut tcp = f("1.1.1.1:5", "2.2.2.2:4791");
+        tcp[23] = 6;
+        let mut frag = f("[fd00::1]:5", "[fd00::2]:4791");
+        frag[20] = 6;
+        for x in [tcp, frag, vec![0u8; 60]] {
+            assert_eq!(run_cbpf(&plain, &x), 0);
+            assert_eq!(run_cbpf(&p, &x), 0);
+        }
     }
 
     #[test]
     fn filter_keeps_only_udp_4791() {
-        let p = udp_port_filter(4791);
+        let p = udp_port_filter(4791, None);
         assert!(run_cbpf(&p, &f("1.1.1.1:5", "2.2.2.2:4791")) > 0);
         assert!(run_cbpf(&p, &f("[fd00::1]:5", "[fd00::2]:4791")) > 0);
         assert_eq!(run_cbpf(&p, &f("1.1.1.1:4791", "2.2.2.2:4792")), 0);

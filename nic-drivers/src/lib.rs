@@ -27,6 +27,7 @@ pub mod neigh;
 pub mod netns;
 pub mod offload;
 pub mod port_share;
+pub mod raw_share;
 mod sys;
 pub mod udp;
 
@@ -280,8 +281,8 @@ pub trait PacketIo: Send {
     }
 
     /// The top byte the QPNs of the device on this backend must carry,
-    /// when it shares its port with other processes' devices
-    /// ([`port_share`]): datagrams are steered to it by that byte.
+    /// when it shares its port ([`port_share`]) or interface ([`raw_share`])
+    /// with other processes' devices: frames are steered to it by that byte.
     fn qpn_prefix(&self) -> Option<u8> {
         None
     }

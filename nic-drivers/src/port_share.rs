@@ -8,7 +8,9 @@
 //!
 //! Each member takes a QPN prefix, the top byte of all its QPNs (the core's
 //! `Config::qpn_prefix`); the first member takes 0, so a lone process keeps
-//! the QPNs it always had. The program reads the top byte of the BTH's
+//! the QPNs it always had. Prefixes raw devices of the namespace hold
+//! ([`raw_share`](crate::raw_share)) are skipped: their sockets see our
+//! datagrams on the wire. The program reads the top byte of the BTH's
 //! destination QP and maps it to the member's position in the group. The
 //! kernel numbers a group's sockets in the order they joined and, when one
 //! closes, moves the last one into its place (`reuseport_detach_sock`); a
@@ -60,17 +62,18 @@ const DEST_QP_TOP: u32 = 5;
 // kernel picks by its hash instead (reuseport_select_sock).
 const NO_MEMBER: u32 = u32::MAX;
 // Prefix 255 would make QPNs 0xFFxxxx, next to the multicast QPN 0xFFFFFF.
-const MAX_PREFIX: u8 = 254;
+pub(crate) const MAX_PREFIX: u8 = 254;
 // Positions probed past the table's length when searching for our own.
 const SEARCH_SLACK: u32 = 4;
 
 /// One line of the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Member {
-    prefix: u8,
-    position: u32,
-    pid: u32,
-    nonce: u64,
+pub(crate) struct Member {
+    pub(crate) prefix: u8,
+    /// In the reuseport group (0 in a raw device's table).
+    pub(crate) position: u32,
+    pub(crate) pid: u32,
+    pub(crate) nonce: u64,
 }
 
 /// This socket's membership of a shared port.
@@ -292,8 +295,10 @@ impl Joining {
             mut members,
             local,
         } = self;
+        // Raw devices on this host see our datagrams on the wire too.
+        let raw = prefixes_in_other_tables(RAW_TABLE);
         let prefix = (0..=MAX_PREFIX)
-            .find(|p| members.iter().all(|m| m.prefix != *p))
+            .find(|p| members.iter().all(|m| m.prefix != *p) && !raw.contains(p))
             .ok_or_else(|| {
                 NicError::Config(format!(
                     "{local}: {} devices share this UDP port already, the most there can be",
@@ -340,12 +345,12 @@ fn remove_if_unused(path: &std::path::Path, members: &[Member]) {
 
 /// The table's file, open and locked until dropped.
 #[derive(Debug)]
-struct Table {
+pub(crate) struct Table {
     file: File,
 }
 
 impl Table {
-    fn lock(path: &std::path::Path) -> Result<Table, NicError> {
+    pub(crate) fn lock(path: &std::path::Path) -> Result<Table, NicError> {
         use std::os::unix::fs::MetadataExt;
         use std::os::unix::fs::OpenOptionsExt;
         loop {
@@ -375,7 +380,7 @@ impl Table {
     }
 
     /// The members whose process is alive. A malformed line is skipped.
-    fn read(&mut self) -> Vec<Member> {
+    pub(crate) fn read(&mut self) -> Vec<Member> {
         let mut text = String::new();
         if self.file.rewind().is_err() || self.file.read_to_string(&mut text).is_err() {
             return Vec::new();
@@ -384,7 +389,7 @@ impl Table {
         without_the_dead(lines, |m| pid_alive(m.pid))
     }
 
-    fn write(&mut self, members: &[Member]) -> Result<(), NicError> {
+    pub(crate) fn write(&mut self, members: &[Member]) -> Result<(), NicError> {
         let text: String = members
             .iter()
             .map(|m| format!("{} {} {} {:016x}\n", m.prefix, m.position, m.pid, m.nonce))
@@ -427,31 +432,72 @@ fn parse_line(l: &str) -> Option<Member> {
     })
 }
 
-/// One table per socket address and network namespace (a group lives in
-/// one namespace; `/dev/shm` is shared by all), and per user (only one
+/// The kinds of table: UDP groups and raw devices' interfaces.
+pub(crate) const UDP_TABLE: &str = "udp";
+pub(crate) const RAW_TABLE: &str = "raw";
+
+/// The start of the names of `kind`'s tables of this user in the calling
+/// thread's network namespace (where the socket was just made: a thread may
+/// have entered another than the process's). One table per namespace (a
+/// group lives in one; `/dev/shm` is shared by all) and user (only one
 /// user's sockets can join a group).
-fn table_path(local: SocketAddr) -> PathBuf {
-    // The calling thread's namespace, where the socket was just made (a
-    // thread may have entered another than the process's).
+pub(crate) fn table_stem(kind: &str) -> String {
     let netns = std::fs::metadata("/proc/thread-self/ns/net")
         .or_else(|_| std::fs::metadata("/proc/self/ns/net"))
         .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
         .unwrap_or(0);
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
+    format!("ferroce-{kind}-{uid}-{netns}-")
+}
+
+pub(crate) fn table_dir() -> PathBuf {
+    if std::path::Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+fn table_path(local: SocketAddr) -> PathBuf {
     let ip = match local.ip() {
         IpAddr::V4(a) => a.to_string(),
         IpAddr::V6(a) => a.to_string().replace(':', "-"),
     };
-    let dir = if std::path::Path::new("/dev/shm").is_dir() {
-        PathBuf::from("/dev/shm")
-    } else {
-        std::env::temp_dir()
-    };
-    dir.join(format!(
-        "ferroce-udp-{uid}-{netns}-{ip}-{}.members",
+    table_dir().join(format!(
+        "{}{ip}-{}.members",
+        table_stem(UDP_TABLE),
         local.port()
     ))
+}
+
+/// The prefixes live members hold in `kind`'s tables of this namespace.
+/// Read without their locks (taking a second table's lock while holding
+/// one could deadlock against a joiner of the other kind): a table being
+/// rewritten at that moment may be missed.
+pub(crate) fn prefixes_in_other_tables(kind: &str) -> Vec<u8> {
+    let stem = table_stem(kind);
+    let Ok(dir) = std::fs::read_dir(table_dir()) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.starts_with(&stem) || !name.ends_with(".members") {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(e.path()) else {
+            continue;
+        };
+        out.extend(
+            text.lines()
+                .filter_map(parse_line)
+                .filter(|m| pid_alive(m.pid))
+                .map(|m| m.prefix),
+        );
+    }
+    out
 }
 
 fn probe_target(local: SocketAddr) -> SocketAddr {
@@ -472,7 +518,7 @@ fn pid_alive(pid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
-fn new_nonce() -> u64 {
+pub(crate) fn new_nonce() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u32(std::process::id());

@@ -255,14 +255,20 @@ pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
     let mut errors = Vec::new();
     for b in order {
         let r: Result<(Box<dyn PacketIo>, Option<SocketAddr>)> = match b {
-            Backend::AfXdp => AfXdpIo::open(AfXdpConfig::new(&cfg.ifname))
-                .map(|io| (Box::new(io) as Box<dyn PacketIo>, None))
-                .map_err(Error::from),
+            // Other processes' devices on the interface take other QPN
+            // prefixes (ferroce_nic::raw_share).
+            Backend::AfXdp => AfXdpIo::open(AfXdpConfig {
+                share_qpns: true,
+                ..AfXdpConfig::new(&cfg.ifname)
+            })
+            .map(|io| (Box::new(io) as Box<dyn PacketIo>, None))
+            .map_err(Error::from),
             Backend::AfPacket => AfPacketIo::open(AfPacketConfig {
                 // A TPACKET_V3 block reaches user space only when full or
                 // after its 1 ms retire timer, which puts ~1 ms on every
                 // round trip; V2 hands over each frame at once.
                 rx_ring: ferroce_nic::afpacket::RxRing::V2,
+                share_qpns: true,
                 ..AfPacketConfig::new(&cfg.ifname)
             })
             .map(|io| (Box::new(io) as Box<dyn PacketIo>, None))

@@ -83,6 +83,17 @@ impl Asm {
         self.fixups.push((self.code.len(), label));
         self.code.push(insn(code, dst, src, 0, imm));
     }
+    /// With the UDP payload at `bth` bytes into the frame (`r2`): too short
+    /// for byte 5 of the BTH -> "redirect"; that byte (the top of the
+    /// destination QP) other than `prefix` -> "pass".
+    fn qpn_check(&mut self, bth: i16, prefix: u8) {
+        let (r2, r3, r4, r5) = (2u8, 3u8, 4u8, 5u8);
+        self.i(insn(MOV64_X, r4, r2, 0, 0));
+        self.i(insn(ADD64_K, r4, 0, 0, i32::from(bth) + 6));
+        self.jmp(JGT_X, r4, r3, 0, "redirect");
+        self.i(insn(LDX_B, r5, r2, bth + 5, 0));
+        self.jmp(JNE_K, r5, 0, i32::from(prefix), "pass");
+    }
     fn label(&mut self, l: &'static str) {
         self.labels.push((l, self.code.len()));
     }
@@ -108,8 +119,16 @@ fn be16(v: u16) -> i32 {
     i32::from(u16::from_le_bytes(v.to_be_bytes()))
 }
 
-/// The redirect program for `port`, referring to the XSKMAP `map_fd`.
-pub(crate) fn redirect_program(map_fd: RawFd, port: u16) -> Result<Vec<Insn>, NicError> {
+/// The redirect program for `port`, referring to the XSKMAP `map_fd`. With
+/// `qpn_prefix`, a datagram whose BTH destination QP has another top byte
+/// goes on to the kernel (another process's AF_PACKET device takes it there,
+/// see `raw_share`); one too short to hold that byte is redirected, for the
+/// stack to count.
+pub(crate) fn redirect_program(
+    map_fd: RawFd,
+    port: u16,
+    qpn_prefix: Option<u8>,
+) -> Result<Vec<Insn>, NicError> {
     let (r0, r1, r2, r3, r4, r5, r6) = (0u8, 1u8, 2u8, 3u8, 4u8, 5u8, 6u8);
     let mut a = Asm {
         code: Vec::new(),
@@ -150,6 +169,9 @@ pub(crate) fn redirect_program(map_fd: RawFd, port: u16) -> Result<Vec<Insn>, Ni
     a.jmp(JNE_K, r5, 0, 0, "pass");
     a.i(insn(LDX_H, r5, r2, 14 + 20 + 2, 0)); // UDP dst port
     a.jmp(JNE_K, r5, 0, p, "pass");
+    if let Some(q) = qpn_prefix {
+        a.qpn_check(14 + 20 + 8, q);
+    }
     a.jmp(JA, 0, 0, 0, "redirect");
     a.label("v6");
     a.i(insn(MOV64_X, r4, r2, 0, 0));
@@ -159,6 +181,9 @@ pub(crate) fn redirect_program(map_fd: RawFd, port: u16) -> Result<Vec<Insn>, Ni
     a.jmp(JNE_K, r5, 0, 17, "pass");
     a.i(insn(LDX_H, r5, r2, 14 + 40 + 2, 0)); // UDP dst port
     a.jmp(JNE_K, r5, 0, p, "pass");
+    if let Some(q) = qpn_prefix {
+        a.qpn_check(14 + 40 + 8, q);
+    }
     a.label("redirect");
     a.i(insn(LDX_W, r2, r6, 16, 0)); // key = ctx->rx_queue_index
     a.i(insn(LD_DW_IMM, r1, BPF_PSEUDO_MAP_FD, 0, map_fd)); // r1 = &xskmap
@@ -283,12 +308,14 @@ mod tests {
 
     #[test]
     fn program_assembles_with_all_jumps_forward() {
-        let p = redirect_program(3, 4791).unwrap();
-        assert!(p.len() < 64);
-        for (i, x) in p.iter().enumerate() {
-            if matches!(x.code, JGT_X | JNE_K | JEQ_K | JA) {
-                assert!(x.off >= 0, "insn {i} jumps back");
-                assert!(i + 1 + (x.off as usize) < p.len(), "insn {i} jumps out");
+        for prefix in [None, Some(7)] {
+            let p = redirect_program(3, 4791, prefix).unwrap();
+            assert!(p.len() < 64);
+            for (i, x) in p.iter().enumerate() {
+                if matches!(x.code, JGT_X | JNE_K | JEQ_K | JA) {
+                    assert!(x.off >= 0, "insn {i} jumps back");
+                    assert!(i + 1 + (x.off as usize) < p.len(), "insn {i} jumps out");
+                }
             }
         }
         assert_eq!(be16(4791), 0xB712);

@@ -24,6 +24,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use crate::frame::ROCE_V2_PORT;
+use crate::raw_share::RawShare;
 use crate::{offload, sys};
 use crate::{NicError, PacketIo, RxSink, Stats, TxFill};
 use if_xdp::{XdpDesc, XDP_PKT_CONTD};
@@ -67,6 +68,13 @@ pub struct AfXdpConfig {
     pub rx_chunks: usize,
     /// TX slots (and TX/completion ring size) per queue; a power of two.
     pub tx_slots: usize,
+    /// Take a QPN prefix from the interface's table of ferroce devices
+    /// ([`raw_share`](crate::raw_share)) and steer only frames to QPs under
+    /// it to the sockets; the rest go on to the kernel, where another
+    /// process's AF_PACKET device may take them. Off by default here (the
+    /// program would pass test frames that carry no BTH); the verbs layer
+    /// turns it on.
+    pub share_qpns: bool,
 }
 
 impl AfXdpConfig {
@@ -79,6 +87,7 @@ impl AfXdpConfig {
             try_zero_copy: true,
             rx_chunks: 4096,
             tx_slots: 512,
+            share_qpns: false,
         }
     }
 }
@@ -100,6 +109,8 @@ pub struct AfXdpIo {
     next_rx: usize,
     stats: Stats,
     busy_poll: bool,
+    // Last: the prefix is given back once the program is gone.
+    share: Option<RawShare>,
 }
 
 // SAFETY: the raw pointers in the rings and UMEM point into mappings owned by
@@ -146,7 +157,16 @@ impl AfXdpIo {
         let mtu = sys::if_mtu(probe.as_raw_fd(), &cfg.ifname)?;
         let queues = queue_count(&cfg.ifname);
         let map = bpf::create_xskmap(queues)?;
-        let code = bpf::redirect_program(map.as_raw_fd(), cfg.port)?;
+        let share = if cfg.share_qpns {
+            Some(RawShare::join(ifindex)?)
+        } else {
+            None
+        };
+        let code = bpf::redirect_program(
+            map.as_raw_fd(),
+            cfg.port,
+            share.as_ref().map(RawShare::prefix),
+        )?;
         let mut xsks = Vec::new();
         for q in 0..queues {
             xsks.push(Xsk::open(ifindex, q, &cfg)?);
@@ -239,6 +259,7 @@ impl AfXdpIo {
             next_rx: 0,
             stats: Stats::default(),
             busy_poll: false,
+            share,
         })
     }
 
@@ -437,6 +458,10 @@ impl PacketIo for AfXdpIo {
         }
         x.reclaim();
         Ok(n)
+    }
+
+    fn qpn_prefix(&self) -> Option<u8> {
+        self.share.as_ref().map(RawShare::prefix)
     }
 
     fn poll_fd(&self) -> RawFd {

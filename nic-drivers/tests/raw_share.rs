@@ -1,0 +1,101 @@
+//! Several raw devices (AF_PACKET, AF_XDP) on one interface, as two
+//! processes of one host each open one: every frame reaches only the device
+//! whose QPN prefix its BTH destination QP carries. Before, both saw every
+//! frame (AF_PACKET) or the first took them all (AF_XDP), and two `ferroce
+//! bench` pairs between the same two hosts broke each other.
+
+mod common;
+
+use common::*;
+use ferroce_nic::afpacket::{AfPacketConfig, AfPacketIo};
+use ferroce_nic::afxdp::{AfXdpConfig, AfXdpIo};
+
+fn open_shared(kind: &str, ifname: &str) -> Io {
+    match kind {
+        "afpacket" => Box::new(
+            AfPacketIo::open(AfPacketConfig {
+                share_qpns: true,
+                ..AfPacketConfig::new(ifname)
+            })
+            .unwrap(),
+        ),
+        _ => Box::new(
+            AfXdpIo::open(AfXdpConfig {
+                share_qpns: true,
+                ..AfXdpConfig::new(ifname)
+            })
+            .unwrap(),
+        ),
+    }
+}
+
+/// Sequence number `n` of a frame to QPN prefix `p`: `common::frame` puts
+/// the sequence number where a BTH has its destination QP (payload bytes 4..8).
+fn seq(p: u8, n: u32) -> u32 {
+    (u32::from(p) << 16) | n
+}
+
+fn two_devices_split_the_interface(first: &'static str, second: &'static str) {
+    if !root_or_skip("raw devices sharing an interface") {
+        return;
+    }
+    let t = topo();
+    let (ea, eb) = ends(&t, false);
+    let (ifa, ifb) = (t.host(0).ifname.clone(), t.host(1).ifname.clone());
+    let (mut x, mut y) = t
+        .run_in(0, move || {
+            let x = open_shared(first, &ifa);
+            if first == "afxdp" {
+                // A queue takes one AF_XDP socket: a second device on it is
+                // refused, and `--backend auto` goes on to AF_PACKET.
+                let again = AfXdpIo::open(AfXdpConfig {
+                    share_qpns: true,
+                    ..AfXdpConfig::new(&ifa)
+                });
+                assert!(again.is_err(), "a second AF_XDP device on one queue");
+            }
+            (x, open_shared(second, &ifa))
+        })
+        .unwrap();
+    let (px, py) = (x.qpn_prefix().unwrap(), y.qpn_prefix().unwrap());
+    assert_ne!(px, py, "{first} and {second} took one prefix");
+    let stray = (0..=254u8).find(|p| ![px, py].contains(p)).unwrap();
+    let mut tx: Io = t
+        .run_in(1, move || {
+            Box::new(AfPacketIo::open(AfPacketConfig::new(&ifb)).unwrap()) as Io
+        })
+        .unwrap();
+    const N: u32 = 50;
+    let frames: Vec<Vec<u8>> = (0..N)
+        .flat_map(|n| [px, py, stray].map(|p| frame(eb, ea, seq(p, n), 300)))
+        .collect();
+    let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+    let mut sent = 0;
+    while sent < refs.len() {
+        sent += tx.send_frames(&refs[sent..]).unwrap();
+    }
+    // One more than each should get: the wait runs out, so a stray one shows.
+    let mut got_x: Vec<u32> = recv_until(&mut x, N as usize + 1, eb, ea, 2)
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    let mut got_y: Vec<u32> = recv_until(&mut y, N as usize + 1, eb, ea, 2)
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    got_x.sort_unstable();
+    got_y.sort_unstable();
+    let want = |p| (0..N).map(|n| seq(p, n)).collect::<Vec<u32>>();
+    assert_eq!(got_x, want(px), "{first} (prefix {px})");
+    assert_eq!(got_y, want(py), "{second} (prefix {py})");
+}
+
+#[test]
+fn two_afpacket_devices_split_the_interface() {
+    two_devices_split_the_interface("afpacket", "afpacket");
+}
+
+#[test]
+fn afxdp_and_afpacket_devices_split_the_interface() {
+    two_devices_split_the_interface("afxdp", "afpacket");
+}
