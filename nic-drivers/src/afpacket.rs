@@ -120,8 +120,10 @@ pub struct AfPacketConfig {
     /// Hold UDP `port` with a socket that drops everything, so the kernel's
     /// own copy of each RoCE frame is discarded early instead of answered
     /// with ICMP port-unreachable (which costs the receive path ~15 % and
-    /// sends ICMP to the peer). Skipped silently if the port is taken (e.g.
-    /// by the UDP backend, or by another process's sink: one is enough).
+    /// sends ICMP to the peer). Bound with `SO_REUSEADDR`, so other
+    /// processes' sinks and UDP-backend devices on the interface's own
+    /// addresses can bind the port too; skipped silently if the port is
+    /// taken all the same (a UDP-backend device bound to the wildcard).
     pub sink_socket: bool,
     /// Take a QPN prefix from the interface's table of ferroce devices
     /// ([`raw_share`](crate::raw_share)) and keep only frames to QPs under
@@ -458,6 +460,18 @@ fn sink_socket(port: u16) -> Option<OwnedFd> {
         libc::IPV6_V6ONLY,
         &zero,
         "IPV6_V6ONLY",
+    )
+    .ok()?;
+    // Other processes' sinks and shared UDP-backend sockets on a specific
+    // address (udp.rs) set it too, so all of them can bind; a datagram goes
+    // to a socket on its own address before this wildcard one.
+    let one: libc::c_int = 1;
+    sys::setsockopt(
+        raw,
+        libc::SOL_SOCKET,
+        libc::SO_REUSEADDR,
+        &one,
+        "SO_REUSEADDR",
     )
     .ok()?;
     // "ret #0": drop in sk_filter, before any receive-buffer accounting.

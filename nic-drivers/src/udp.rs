@@ -436,6 +436,20 @@ impl UdpIo {
                 &one,
                 "SO_REUSEPORT",
             )?;
+            // A raw device's sink socket holds the wildcard address of the
+            // port with SO_REUSEADDR (afpacket::sink_socket); with it here
+            // too the kernel lets both bind, and hands datagrams to our
+            // address to us. Not on a wildcard bind: that would tie with
+            // the sink, and the sink could win.
+            if !cfg.bind.ip().is_unspecified() {
+                sys::setsockopt(
+                    raw,
+                    libc::SOL_SOCKET,
+                    libc::SO_REUSEADDR,
+                    &one,
+                    "SO_REUSEADDR",
+                )?;
+            }
             Some(PortShare::prepare(cfg.bind)?)
         } else {
             None

@@ -6,9 +6,13 @@
 
 mod common;
 
+use std::net::SocketAddr;
+
 use common::*;
 use ferroce_nic::afpacket::{AfPacketConfig, AfPacketIo};
 use ferroce_nic::afxdp::{AfXdpConfig, AfXdpIo};
+use ferroce_nic::frame::ROCE_V2_PORT;
+use ferroce_nic::{UdpConfig, UdpIo};
 
 fn open_shared(kind: &str, ifname: &str) -> Io {
     match kind {
@@ -98,4 +102,72 @@ fn two_afpacket_devices_split_the_interface() {
 #[test]
 fn afxdp_and_afpacket_devices_split_the_interface() {
     two_devices_split_the_interface("afxdp", "afpacket");
+}
+
+/// A UDP-backend device and a raw one on one interface, opened in either
+/// order: both bind (the raw device's sink socket on the port's wildcard
+/// address used to refuse the UDP device's bind), they take distinct
+/// prefixes, and the raw one sees only its own frames. (The UDP socket gets
+/// every datagram to its address; its core drops other prefixes' frames as
+/// for unknown QPs, as rxe does.)
+fn udp_and_raw_devices_share_the_interface(udp_first: bool) {
+    if !root_or_skip("UDP and raw devices on one interface") {
+        return;
+    }
+    let t = topo();
+    let (ea, eb) = ends(&t, false);
+    let (ifa, ifb) = (t.host(0).ifname.clone(), t.host(1).ifname.clone());
+    let (mut raw, mut udp) = t
+        .run_in(0, move || {
+            let udp = || -> Io {
+                Box::new(UdpIo::bind(UdpConfig::new(SocketAddr::new(ea.ip, ROCE_V2_PORT))).unwrap())
+            };
+            if udp_first {
+                let u = udp();
+                (open_shared("afpacket", &ifa), u)
+            } else {
+                let r = open_shared("afpacket", &ifa);
+                (r, udp())
+            }
+        })
+        .unwrap();
+    let (pr, pu) = (raw.qpn_prefix().unwrap(), udp.qpn_prefix().unwrap());
+    assert_ne!(pr, pu, "raw and UDP devices took one prefix");
+    let mut tx: Io = t
+        .run_in(1, move || {
+            Box::new(AfPacketIo::open(AfPacketConfig::new(&ifb)).unwrap()) as Io
+        })
+        .unwrap();
+    const N: u32 = 30;
+    let frames: Vec<Vec<u8>> = (0..N)
+        .flat_map(|n| [pr, pu].map(|p| frame(eb, ea, seq(p, n), 300)))
+        .collect();
+    let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+    let mut sent = 0;
+    while sent < refs.len() {
+        sent += tx.send_frames(&refs[sent..]).unwrap();
+    }
+    let mut got_raw: Vec<u32> = recv_until(&mut raw, N as usize + 1, eb, ea, 2)
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    got_raw.sort_unstable();
+    assert_eq!(got_raw, (0..N).map(|n| seq(pr, n)).collect::<Vec<u32>>());
+    let got_udp: Vec<u32> = recv_until(&mut udp, 2 * N as usize, eb, ea, 2)
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    for n in 0..N {
+        assert!(got_udp.contains(&seq(pu, n)), "UDP device lost {n}");
+    }
+}
+
+#[test]
+fn a_udp_device_binds_beside_a_raw_one() {
+    udp_and_raw_devices_share_the_interface(false);
+}
+
+#[test]
+fn a_raw_device_opens_beside_a_udp_one() {
+    udp_and_raw_devices_share_the_interface(true);
 }
