@@ -98,6 +98,7 @@ impl PortShare {
     /// Locks the table of the group at `local` (before the socket binds,
     /// so that no datagram for another member reaches it unsteered).
     pub fn prepare(local: SocketAddr) -> Result<Joining, NicError> {
+        sweep_dead_tables();
         let path = table_path(local);
         let mut table = Table::lock(&path)?;
         let members = table.read();
@@ -469,6 +470,57 @@ fn table_path(local: SocketAddr) -> PathBuf {
         table_stem(UDP_TABLE),
         local.port()
     ))
+}
+
+/// Removes this user's tables in this network namespace whose members are
+/// all dead: a process that was killed (or ended with `process::exit`) ran
+/// no `leave`, and its table would stay in `/dev/shm` until a device opens
+/// on the same address or interface. A table another process holds locked
+/// is left alone. Tables of other namespaces are not judged: their members
+/// may live in another PID namespace, where this one cannot see them.
+pub(crate) fn sweep_dead_tables() {
+    let stems = [UDP_TABLE, RAW_TABLE].map(table_stem);
+    let Ok(dir) = std::fs::read_dir(table_dir()) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !stems.iter().any(|s| name.starts_with(s.as_str())) || !name.ends_with(".members") {
+            continue;
+        }
+        let path = e.path();
+        let Ok(mut file) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+        else {
+            continue;
+        };
+        // SAFETY: plain syscall on a file descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            continue;
+        }
+        let mut text = String::new();
+        if file.read_to_string(&mut text).is_err() {
+            continue;
+        }
+        // The path may name a newer table by now (the last member removed
+        // ours and a joiner made another): only ours may go.
+        let same = |m: std::io::Result<std::fs::Metadata>| {
+            m.map(|m| std::os::unix::fs::MetadataExt::ino(&m)).ok()
+        };
+        if same(file.metadata()) != same(std::fs::metadata(&path)) {
+            continue;
+        }
+        let live = text
+            .lines()
+            .filter_map(parse_line)
+            .any(|m| pid_alive(m.pid));
+        if !live {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
 }
 
 /// The prefixes live members hold in `kind`'s tables of this namespace.

@@ -24,8 +24,8 @@
 use std::path::PathBuf;
 
 use crate::port_share::{
-    new_nonce, prefixes_in_other_tables, table_dir, table_stem, Member, Table, MAX_PREFIX,
-    RAW_TABLE, UDP_TABLE,
+    new_nonce, prefixes_in_other_tables, sweep_dead_tables, table_dir, table_stem, Member, Table,
+    MAX_PREFIX, RAW_TABLE, UDP_TABLE,
 };
 use crate::NicError;
 
@@ -41,6 +41,7 @@ impl RawShare {
     /// Takes the lowest prefix free on interface `ifindex` of the calling
     /// thread's network namespace.
     pub fn join(ifindex: u32) -> Result<RawShare, NicError> {
+        sweep_dead_tables();
         let path = table_dir().join(format!("{}{ifindex}.members", table_stem(RAW_TABLE)));
         let mut table = Table::lock(&path)?;
         let mut members = table.read();
@@ -113,6 +114,31 @@ mod tests {
         drop(b);
         drop(c);
         assert!(!path.exists(), "the last device out removes the table");
+    }
+
+    #[test]
+    fn tables_left_by_killed_processes_are_swept() {
+        let path = |i: u32| {
+            table_dir().join(format!(
+                "{}{}.members",
+                table_stem(RAW_TABLE),
+                IFINDEX + 10 + i
+            ))
+        };
+        // A PID past pid_max: no such process.
+        std::fs::write(path(0), "0 0 4194305 00000000000000aa\n").unwrap();
+        std::fs::write(
+            path(1),
+            format!(
+                "0 0 4194305 00000000000000aa\n1 0 {} 00000000000000bb\n",
+                std::process::id()
+            ),
+        )
+        .unwrap();
+        sweep_dead_tables();
+        assert!(!path(0).exists(), "every member dead: removed");
+        assert!(path(1).exists(), "a live member: kept");
+        std::fs::remove_file(path(1)).unwrap();
     }
 
     #[test]
