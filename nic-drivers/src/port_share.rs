@@ -441,15 +441,26 @@ pub(crate) const RAW_TABLE: &str = "raw";
 /// thread's network namespace (where the socket was just made: a thread may
 /// have entered another than the process's). One table per namespace (a
 /// group lives in one; `/dev/shm` is shared by all) and user (only one
-/// user's sockets can join a group).
+/// user's sockets can join a group). The PID namespace is named too: a
+/// member is known dead by its PID, which only means something there.
 pub(crate) fn table_stem(kind: &str) -> String {
-    let netns = std::fs::metadata("/proc/thread-self/ns/net")
-        .or_else(|_| std::fs::metadata("/proc/self/ns/net"))
-        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
-        .unwrap_or(0);
+    let netns = ns_ino("/proc/thread-self/ns/net", "/proc/self/ns/net");
+    format!("{}{netns}-", owner_stem(kind))
+}
+
+/// `kind`'s tables of this user and PID namespace, in any network namespace.
+pub(crate) fn owner_stem(kind: &str) -> String {
+    let pidns = ns_ino("/proc/self/ns/pid", "/proc/self/ns/pid");
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
-    format!("ferroce-{kind}-{uid}-{netns}-")
+    format!("ferroce-{kind}-{uid}-{pidns}-")
+}
+
+fn ns_ino(path: &str, fallback: &str) -> u64 {
+    std::fs::metadata(path)
+        .or_else(|_| std::fs::metadata(fallback))
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .unwrap_or(0)
 }
 
 pub(crate) fn table_dir() -> PathBuf {
@@ -472,14 +483,15 @@ fn table_path(local: SocketAddr) -> PathBuf {
     ))
 }
 
-/// Removes this user's tables in this network namespace whose members are
-/// all dead: a process that was killed (or ended with `process::exit`) ran
-/// no `leave`, and its table would stay in `/dev/shm` until a device opens
-/// on the same address or interface. A table another process holds locked
-/// is left alone. Tables of other namespaces are not judged: their members
-/// may live in another PID namespace, where this one cannot see them.
+/// Removes this user's tables whose members are all dead: a process that
+/// was killed (or ended with `process::exit`) ran no `leave`, and its table
+/// would stay in `/dev/shm` until a device opens on the same address or
+/// interface, or for good once its network namespace is gone. Only tables
+/// of this PID namespace are judged (a PID means nothing outside it), in
+/// every network namespace; a table another process holds locked is left
+/// alone.
 pub(crate) fn sweep_dead_tables() {
-    let stems = [UDP_TABLE, RAW_TABLE].map(table_stem);
+    let stems = [UDP_TABLE, RAW_TABLE].map(owner_stem);
     let Ok(dir) = std::fs::read_dir(table_dir()) else {
         return;
     };

@@ -118,6 +118,7 @@ mod tests {
 
     #[test]
     fn tables_left_by_killed_processes_are_swept() {
+        use crate::port_share::owner_stem;
         let path = |i: u32| {
             table_dir().join(format!(
                 "{}{}.members",
@@ -127,6 +128,9 @@ mod tests {
         };
         // A PID past pid_max: no such process.
         std::fs::write(path(0), "0 0 4194305 00000000000000aa\n").unwrap();
+        // The same in a network namespace that is gone (no inode is 1).
+        let gone = table_dir().join(format!("{}1-{IFINDEX}.members", owner_stem(RAW_TABLE)));
+        std::fs::write(&gone, "0 0 4194305 00000000000000aa\n").unwrap();
         std::fs::write(
             path(1),
             format!(
@@ -137,6 +141,7 @@ mod tests {
         .unwrap();
         sweep_dead_tables();
         assert!(!path(0).exists(), "every member dead: removed");
+        assert!(!gone.exists(), "also in another network namespace");
         assert!(path(1).exists(), "a live member: kept");
         std::fs::remove_file(path(1)).unwrap();
     }
