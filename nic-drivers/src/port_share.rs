@@ -444,23 +444,24 @@ pub(crate) const RAW_TABLE: &str = "raw";
 /// user's sockets can join a group). The PID namespace is named too: a
 /// member is known dead by its PID, which only means something there.
 pub(crate) fn table_stem(kind: &str) -> String {
-    let netns = ns_ino("/proc/thread-self/ns/net", "/proc/self/ns/net");
+    let netns = ns_ino(&["/proc/thread-self/ns/net", "/proc/self/ns/net"]);
     format!("{}{netns}-", owner_stem(kind))
 }
 
 /// `kind`'s tables of this user and PID namespace, in any network namespace.
 pub(crate) fn owner_stem(kind: &str) -> String {
-    let pidns = ns_ino("/proc/self/ns/pid", "/proc/self/ns/pid");
+    let pidns = ns_ino(&["/proc/self/ns/pid"]);
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
     format!("ferroce-{kind}-{uid}-{pidns}-")
 }
 
-fn ns_ino(path: &str, fallback: &str) -> u64 {
-    std::fs::metadata(path)
-        .or_else(|_| std::fs::metadata(fallback))
-        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
-        .unwrap_or(0)
+/// The inode of the first of `paths` (namespace links) that exists, or 0.
+fn ns_ino(paths: &[&str]) -> u64 {
+    paths
+        .iter()
+        .find_map(|p| std::fs::metadata(p).ok())
+        .map_or(0, |m| std::os::unix::fs::MetadataExt::ino(&m))
 }
 
 pub(crate) fn table_dir() -> PathBuf {
@@ -519,10 +520,10 @@ pub(crate) fn sweep_dead_tables() {
         }
         // The path may name a newer table by now (the last member removed
         // ours and a joiner made another): only ours may go.
-        let same = |m: std::io::Result<std::fs::Metadata>| {
+        let ino = |m: std::io::Result<std::fs::Metadata>| {
             m.map(|m| std::os::unix::fs::MetadataExt::ino(&m)).ok()
         };
-        if same(file.metadata()) != same(std::fs::metadata(&path)) {
+        if ino(file.metadata()) != ino(std::fs::metadata(&path)) {
             continue;
         }
         let live = text
