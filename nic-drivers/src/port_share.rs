@@ -214,12 +214,7 @@ impl PortShare {
             m.position = self.position;
         }
         let _ = attach(fd, &members);
-        if members.is_empty() {
-            // Still locked: whoever opens the path next makes a new table.
-            let _ = std::fs::remove_file(&self.path);
-        } else {
-            let _ = table.write(&members);
-        }
+        let _ = table.store(&self.path, &members);
     }
 
     fn line(&self) -> Member {
@@ -338,7 +333,7 @@ impl Joining {
 
 /// Removes the table at `path` when `members` (read under its lock, which
 /// the caller still holds) is empty: only a joiner that failed made it.
-fn remove_if_unused(path: &std::path::Path, members: &[Member]) {
+pub(crate) fn remove_if_unused(path: &std::path::Path, members: &[Member]) {
     if members.is_empty() {
         let _ = std::fs::remove_file(path);
     }
@@ -352,7 +347,6 @@ pub(crate) struct Table {
 
 impl Table {
     pub(crate) fn lock(path: &std::path::Path) -> Result<Table, NicError> {
-        use std::os::unix::fs::MetadataExt;
         use std::os::unix::fs::OpenOptionsExt;
         loop {
             let file = std::fs::OpenOptions::new()
@@ -372,9 +366,7 @@ impl Table {
             }
             // The last member to leave removes the file: if it did while we
             // waited for the lock, ours is gone from the path; open it anew.
-            let ours = file.metadata().map(|m| m.ino()).ok();
-            let now = std::fs::metadata(path).map(|m| m.ino()).ok();
-            if ours.is_some() && ours == now {
+            if still_at(&file, path) {
                 return Ok(Table { file });
             }
         }
@@ -399,6 +391,21 @@ impl Table {
         self.file.set_len(0).map_err(io)?;
         self.file.rewind().map_err(io)?;
         self.file.write_all(text.as_bytes()).map_err(io)
+    }
+
+    /// Writes `members` at `path`, or removes the file when none is left
+    /// (still locked: whoever opens the path next makes a new table).
+    pub(crate) fn store(
+        &mut self,
+        path: &std::path::Path,
+        members: &[Member],
+    ) -> Result<(), NicError> {
+        if members.is_empty() {
+            let _ = std::fs::remove_file(path);
+            Ok(())
+        } else {
+            self.write(members)
+        }
     }
 }
 
@@ -492,17 +499,7 @@ fn table_path(local: SocketAddr) -> PathBuf {
 /// every network namespace; a table another process holds locked is left
 /// alone.
 pub(crate) fn sweep_dead_tables() {
-    let stems = [UDP_TABLE, RAW_TABLE].map(owner_stem);
-    let Ok(dir) = std::fs::read_dir(table_dir()) else {
-        return;
-    };
-    for e in dir.flatten() {
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if !stems.iter().any(|s| name.starts_with(s.as_str())) || !name.ends_with(".members") {
-            continue;
-        }
-        let path = e.path();
+    for path in table_files(&[UDP_TABLE, RAW_TABLE].map(owner_stem)) {
         let Ok(mut file) = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -520,20 +517,40 @@ pub(crate) fn sweep_dead_tables() {
         }
         // The path may name a newer table by now (the last member removed
         // ours and a joiner made another): only ours may go.
-        let ino = |m: std::io::Result<std::fs::Metadata>| {
-            m.map(|m| std::os::unix::fs::MetadataExt::ino(&m)).ok()
-        };
-        if ino(file.metadata()) != ino(std::fs::metadata(&path)) {
-            continue;
-        }
-        let live = text
-            .lines()
-            .filter_map(parse_line)
-            .any(|m| pid_alive(m.pid));
-        if !live {
+        if still_at(&file, &path) && live_members(&text).next().is_none() {
             let _ = std::fs::remove_file(&path);
         }
     }
+}
+
+/// The tables in the table directory whose names start with one of `stems`.
+fn table_files(stems: &[String]) -> Vec<PathBuf> {
+    let Ok(dir) = std::fs::read_dir(table_dir()) else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter(|e| {
+            e.file_name().to_str().is_some_and(|n| {
+                n.ends_with(".members") && stems.iter().any(|s| n.starts_with(s.as_str()))
+            })
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
+/// The lines of a table's `text` whose process is alive.
+fn live_members(text: &str) -> impl Iterator<Item = Member> + '_ {
+    text.lines()
+        .filter_map(parse_line)
+        .filter(|m| pid_alive(m.pid))
+}
+
+/// Whether `file` is still the one at `path` (a table's last member removes
+/// the file, and a joiner may make a new one there).
+fn still_at(file: &File, path: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ours = file.metadata().map(|m| m.ino()).ok();
+    ours.is_some() && ours == std::fs::metadata(path).map(|m| m.ino()).ok()
 }
 
 /// The prefixes live members hold in `kind`'s tables of this namespace.
@@ -541,26 +558,11 @@ pub(crate) fn sweep_dead_tables() {
 /// one could deadlock against a joiner of the other kind): a table being
 /// rewritten at that moment may be missed.
 pub(crate) fn prefixes_in_other_tables(kind: &str) -> Vec<u8> {
-    let stem = table_stem(kind);
-    let Ok(dir) = std::fs::read_dir(table_dir()) else {
-        return Vec::new();
-    };
     let mut out = Vec::new();
-    for e in dir.flatten() {
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if !name.starts_with(&stem) || !name.ends_with(".members") {
-            continue;
+    for path in table_files(&[table_stem(kind)]) {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            out.extend(live_members(&text).map(|m| m.prefix));
         }
-        let Ok(text) = std::fs::read_to_string(e.path()) else {
-            continue;
-        };
-        out.extend(
-            text.lines()
-                .filter_map(parse_line)
-                .filter(|m| pid_alive(m.pid))
-                .map(|m| m.prefix),
-        );
     }
     out
 }

@@ -24,8 +24,8 @@
 use std::path::PathBuf;
 
 use crate::port_share::{
-    new_nonce, prefixes_in_other_tables, sweep_dead_tables, table_dir, table_stem, Member, Table,
-    MAX_PREFIX, RAW_TABLE, UDP_TABLE,
+    new_nonce, prefixes_in_other_tables, remove_if_unused, sweep_dead_tables, table_dir,
+    table_stem, Member, Table, MAX_PREFIX, RAW_TABLE, UDP_TABLE,
 };
 use crate::NicError;
 
@@ -48,9 +48,7 @@ impl RawShare {
         let udp = prefixes_in_other_tables(UDP_TABLE);
         let taken = |p: u8| members.iter().any(|m| m.prefix == p) || udp.contains(&p);
         let Some(prefix) = (0..=MAX_PREFIX).find(|p| !taken(*p)) else {
-            if members.is_empty() {
-                let _ = std::fs::remove_file(&path);
-            }
+            remove_if_unused(&path, &members);
             return Err(NicError::Config(format!(
                 "interface {ifindex}: {} ferroce devices use it already, the most there can be",
                 members.len() + udp.len()
@@ -84,12 +82,7 @@ impl Drop for RawShare {
         };
         let mut members = table.read();
         members.retain(|m| m.nonce != self.nonce);
-        if members.is_empty() {
-            // Still locked: whoever opens the path next makes a new table.
-            let _ = std::fs::remove_file(&self.path);
-        } else {
-            let _ = table.write(&members);
-        }
+        let _ = table.store(&self.path, &members);
     }
 }
 
