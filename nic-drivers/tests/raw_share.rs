@@ -39,13 +39,53 @@ fn seq(p: u8, n: u32) -> u32 {
     (u32::from(p) << 16) | n
 }
 
+/// A plain AF_PACKET device on host 1 (no prefix), the frames' sender.
+fn sender(t: &ferroce_nic::netns::Topology) -> Io {
+    let ifb = t.host(1).ifname.clone();
+    t.run_in(1, move || {
+        Box::new(AfPacketIo::open(AfPacketConfig::new(&ifb)).unwrap()) as Io
+    })
+    .unwrap()
+}
+
+/// Sends `n` frames from `from` to `to` for each of `prefixes`, interleaved.
+fn send_to_prefixes(tx: &mut Io, prefixes: &[u8], n: u32, from: End, to: End) {
+    let frames: Vec<Vec<u8>> = (0..n)
+        .flat_map(|i| {
+            prefixes
+                .iter()
+                .map(move |&p| frame(from, to, seq(p, i), 300))
+        })
+        .collect();
+    let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+    let mut sent = 0;
+    while sent < refs.len() {
+        sent += tx.send_frames(&refs[sent..]).unwrap();
+    }
+}
+
+/// The sequence numbers `io` receives (sorted) until it has `upto` or 2 s
+/// pass.
+fn received(io: &mut Io, upto: usize, from: End, to: End) -> Vec<u32> {
+    let mut got: Vec<u32> = recv_until(io, upto, from, to, 2)
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    got.sort_unstable();
+    got
+}
+
+fn want(p: u8, n: u32) -> Vec<u32> {
+    (0..n).map(|i| seq(p, i)).collect()
+}
+
 fn two_devices_split_the_interface(first: &'static str, second: &'static str) {
     if !root_or_skip("raw devices sharing an interface") {
         return;
     }
     let t = topo();
     let (ea, eb) = ends(&t, false);
-    let (ifa, ifb) = (t.host(0).ifname.clone(), t.host(1).ifname.clone());
+    let ifa = t.host(0).ifname.clone();
     let (mut x, mut y) = t
         .run_in(0, move || {
             let x = open_shared(first, &ifa);
@@ -64,34 +104,21 @@ fn two_devices_split_the_interface(first: &'static str, second: &'static str) {
     let (px, py) = (x.qpn_prefix().unwrap(), y.qpn_prefix().unwrap());
     assert_ne!(px, py, "{first} and {second} took one prefix");
     let stray = (0..=254u8).find(|p| ![px, py].contains(p)).unwrap();
-    let mut tx: Io = t
-        .run_in(1, move || {
-            Box::new(AfPacketIo::open(AfPacketConfig::new(&ifb)).unwrap()) as Io
-        })
-        .unwrap();
+    let mut tx = sender(&t);
     const N: u32 = 50;
-    let frames: Vec<Vec<u8>> = (0..N)
-        .flat_map(|n| [px, py, stray].map(|p| frame(eb, ea, seq(p, n), 300)))
-        .collect();
-    let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
-    let mut sent = 0;
-    while sent < refs.len() {
-        sent += tx.send_frames(&refs[sent..]).unwrap();
-    }
+    send_to_prefixes(&mut tx, &[px, py, stray], N, eb, ea);
     // One more than each should get: the wait runs out, so a stray one shows.
-    let mut got_x: Vec<u32> = recv_until(&mut x, N as usize + 1, eb, ea, 2)
-        .into_iter()
-        .map(|(s, _)| s)
-        .collect();
-    let mut got_y: Vec<u32> = recv_until(&mut y, N as usize + 1, eb, ea, 2)
-        .into_iter()
-        .map(|(s, _)| s)
-        .collect();
-    got_x.sort_unstable();
-    got_y.sort_unstable();
-    let want = |p| (0..N).map(|n| seq(p, n)).collect::<Vec<u32>>();
-    assert_eq!(got_x, want(px), "{first} (prefix {px})");
-    assert_eq!(got_y, want(py), "{second} (prefix {py})");
+    let n = N as usize + 1;
+    assert_eq!(
+        received(&mut x, n, eb, ea),
+        want(px, N),
+        "{first} (prefix {px})"
+    );
+    assert_eq!(
+        received(&mut y, n, eb, ea),
+        want(py, N),
+        "{second} (prefix {py})"
+    );
 }
 
 #[test]
@@ -116,7 +143,7 @@ fn udp_and_raw_devices_share_the_interface(udp_first: bool) {
     }
     let t = topo();
     let (ea, eb) = ends(&t, false);
-    let (ifa, ifb) = (t.host(0).ifname.clone(), t.host(1).ifname.clone());
+    let ifa = t.host(0).ifname.clone();
     let (mut raw, mut udp) = t
         .run_in(0, move || {
             let udp = || -> Io {
@@ -133,30 +160,11 @@ fn udp_and_raw_devices_share_the_interface(udp_first: bool) {
         .unwrap();
     let (pr, pu) = (raw.qpn_prefix().unwrap(), udp.qpn_prefix().unwrap());
     assert_ne!(pr, pu, "raw and UDP devices took one prefix");
-    let mut tx: Io = t
-        .run_in(1, move || {
-            Box::new(AfPacketIo::open(AfPacketConfig::new(&ifb)).unwrap()) as Io
-        })
-        .unwrap();
+    let mut tx = sender(&t);
     const N: u32 = 30;
-    let frames: Vec<Vec<u8>> = (0..N)
-        .flat_map(|n| [pr, pu].map(|p| frame(eb, ea, seq(p, n), 300)))
-        .collect();
-    let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
-    let mut sent = 0;
-    while sent < refs.len() {
-        sent += tx.send_frames(&refs[sent..]).unwrap();
-    }
-    let mut got_raw: Vec<u32> = recv_until(&mut raw, N as usize + 1, eb, ea, 2)
-        .into_iter()
-        .map(|(s, _)| s)
-        .collect();
-    got_raw.sort_unstable();
-    assert_eq!(got_raw, (0..N).map(|n| seq(pr, n)).collect::<Vec<u32>>());
-    let got_udp: Vec<u32> = recv_until(&mut udp, 2 * N as usize, eb, ea, 2)
-        .into_iter()
-        .map(|(s, _)| s)
-        .collect();
+    send_to_prefixes(&mut tx, &[pr, pu], N, eb, ea);
+    assert_eq!(received(&mut raw, N as usize + 1, eb, ea), want(pr, N));
+    let got_udp = received(&mut udp, 2 * N as usize, eb, ea);
     for n in 0..N {
         assert!(got_udp.contains(&seq(pu, n)), "UDP device lost {n}");
     }
