@@ -147,6 +147,29 @@ fn wait_ok(cq: &CompletionQueue, n: usize, what: &str) {
     }
 }
 
+/// Posts a signaled RDMA WRITE of `len` bytes at `off` in `ma` to the same
+/// offset in `mb`.
+fn post_write(
+    c: &Conn<'_, '_>,
+    ma: &MemoryRegion<'_>,
+    mb: &MemoryRegion<'_>,
+    off: u64,
+    len: u32,
+    wr_id: u64,
+) {
+    let ss = [ma.sge(off, len)];
+    let mut wr = SendWr::new(
+        wr_id,
+        SendOp::RdmaWrite {
+            remote_addr: mb.addr() + off,
+            rkey: mb.rkey(),
+        },
+        &ss,
+    );
+    wr.flags.signaled = true;
+    c.qa.post_send(&[wr]).unwrap();
+}
+
 /// Every operation once at `size`, data checked on arrival.
 fn every_op(c: &Conn<'_, '_>, ma: &MemoryRegion<'_>, mb: &MemoryRegion<'_>, size: u32, seed: u64) {
     let len = u64::from(size);
@@ -182,17 +205,7 @@ fn every_op(c: &Conn<'_, '_>, ma: &MemoryRegion<'_>, mb: &MemoryRegion<'_>, size
     }
     // RDMA WRITE, then WRITE_WITH_IMM (which consumes a receive).
     mb.write(0, &vec![0u8; size as usize]).unwrap();
-    let ss = [ma.sge(0, size)];
-    let mut wr = SendWr::new(
-        3,
-        SendOp::RdmaWrite {
-            remote_addr: mb.addr(),
-            rkey: mb.rkey(),
-        },
-        &ss,
-    );
-    wr.flags.signaled = true;
-    c.qa.post_send(&[wr]).unwrap();
+    post_write(c, ma, mb, 0, size, 3);
     wait_ok(&c.cqa, 1, "write");
     assert_eq!(
         check_pattern(mb, 0, len, seed).unwrap(),
@@ -205,6 +218,7 @@ fn every_op(c: &Conn<'_, '_>, ma: &MemoryRegion<'_>, mb: &MemoryRegion<'_>, size
         sg_list: &rs[..0],
     }])
     .unwrap();
+    let ss = [ma.sge(0, size)];
     let mut wr = SendWr::new(
         4,
         SendOp::RdmaWriteWithImm {
@@ -333,18 +347,7 @@ fn matrix_between(backends: [Backend; 2], faults: Option<ferroce_nic::FaultConfi
     fill_pattern(&ma, 0, slice * 16, 5).unwrap();
     mb.write(0, &vec![0u8; (slice * 16) as usize]).unwrap();
     for (i, c) in conns.iter().enumerate() {
-        let off = i as u64 * slice;
-        let ss = [ma.sge(off, slice as u32)];
-        let mut wr = SendWr::new(
-            i as u64,
-            SendOp::RdmaWrite {
-                remote_addr: mb.addr() + off,
-                rkey: mb.rkey(),
-            },
-            &ss,
-        );
-        wr.flags.signaled = true;
-        c.qa.post_send(&[wr]).unwrap();
+        post_write(c, &ma, &mb, i as u64 * slice, slice as u32, i as u64);
     }
     for c in &conns {
         wait_ok(&c.cqa, 1, "16-QP write");
@@ -576,17 +579,7 @@ fn two_devices_per_host_keep_their_traffic_apart() {
     {
         fill_pattern(ma, 0, len, 30 + i as u64).unwrap();
         mb.write(0, &vec![0u8; len as usize]).unwrap();
-        let ss = [ma.sge(0, len as u32)];
-        let mut wr = SendWr::new(
-            i as u64,
-            SendOp::RdmaWrite {
-                remote_addr: mb.addr(),
-                rkey: mb.rkey(),
-            },
-            &ss,
-        );
-        wr.flags.signaled = true;
-        c.qa.post_send(&[wr]).unwrap();
+        post_write(c, ma, mb, 0, len as u32, i as u64);
     }
     for (i, (c, mb)) in [(&c0, &mrs[1]), (&c1, &mrs[3])].into_iter().enumerate() {
         wait_ok(&c.cqa, 1, "concurrent write");
