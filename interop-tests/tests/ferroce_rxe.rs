@@ -495,13 +495,7 @@ fn last_ack_lost_after_exit(case: &Case, out: &Outcome) -> bool {
     {
         return false;
     }
-    let Some(n) = case
-        .ferroce_args
-        .split_whitespace()
-        .skip_while(|a| *a != "-n")
-        .nth(1)
-        .and_then(|v| v.parse::<u64>().ok())
-    else {
+    let Some(n) = flag_value(&case.ferroce_args, "-n").and_then(|v| v.parse::<u64>().ok()) else {
         return false;
     };
     let want = format!("(sent {}, received {n} of {n})", n.saturating_sub(1));
@@ -636,6 +630,11 @@ fn judge(env: &mut Env, case: &Case, extra: Extra) -> Row {
             problems.join("; ")
         },
     }
+}
+
+/// The word after `flag` in a tool's arguments.
+fn flag_value<'a>(args: &'a str, flag: &str) -> Option<&'a str> {
+    args.split_whitespace().skip_while(|w| *w != flag).nth(1)
 }
 
 fn last_line(o: &Output) -> String {
@@ -931,18 +930,8 @@ fn perf_case(env: &Env, tool: &'static str, test: &str, set: &PerfSet, ops: &[u8
     } else {
         (1, 1)
     };
-    let qps = set
-        .args
-        .split_whitespace()
-        .skip_while(|w| *w != "-q")
-        .nth(1)
-        .unwrap_or("1");
-    let mtu = set
-        .args
-        .split_whitespace()
-        .skip_while(|w| *w != "-m")
-        .nth(1)
-        .unwrap_or("4096");
+    let qps = flag_value(set.args, "-q").unwrap_or("1");
+    let mtu = flag_value(set.args, "-m").unwrap_or("4096");
     Case::new(
         tool,
         &format!("-x {tg} {} -F", set.args),
