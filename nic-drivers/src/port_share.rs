@@ -280,27 +280,40 @@ impl Joining {
         remove_if_unused(&self.path, &self.members);
     }
 
-    /// Joins with `fd`, just bound: takes a free prefix, finds the socket's
-    /// position and attaches the program for the table with it added.
-    /// Datagrams that reach the socket meanwhile are read and dropped (it
-    /// has no QPs yet).
-    pub fn join(self, fd: RawFd) -> Result<PortShare, NicError> {
+    /// Joins with `fd`, just bound: takes a free prefix (or `prefix`, a raw
+    /// device's own, for the socket its local peers reach it through),
+    /// finds the socket's position and attaches the program for the table
+    /// with it added. Datagrams that reach the socket meanwhile are read and
+    /// dropped (it has no QPs yet).
+    pub fn join(self, fd: RawFd, prefix: Option<u8>) -> Result<PortShare, NicError> {
         let Joining {
             path,
             mut table,
             mut members,
             local,
         } = self;
-        // Raw devices on this host see our datagrams on the wire too.
-        let raw = prefixes_in_other_tables(RAW_TABLE);
-        let prefix = (0..=MAX_PREFIX)
-            .find(|p| members.iter().all(|m| m.prefix != *p) && !raw.contains(p))
-            .ok_or_else(|| {
-                NicError::Config(format!(
-                    "{local}: {} devices share this UDP port already, the most there can be",
-                    members.len()
-                ))
-            })?;
+        let prefix = match prefix {
+            Some(p) if members.iter().any(|m| m.prefix == p) => {
+                remove_if_unused(&path, &members);
+                return Err(NicError::Config(format!(
+                    "{local}: QPN prefix {p} is taken on this UDP port"
+                )));
+            }
+            Some(p) => p,
+            None => {
+                // Raw devices on this host see our datagrams on the wire too.
+                let raw = prefixes_in_other_tables(RAW_TABLE);
+                (0..=MAX_PREFIX)
+                    .find(|p| members.iter().all(|m| m.prefix != *p) && !raw.contains(p))
+                    .ok_or_else(|| {
+                        NicError::Config(format!(
+                            "{local}: {} devices share this UDP port already, the most there \
+                             can be",
+                            members.len()
+                        ))
+                    })?
+            }
+        };
         let mut me = PortShare {
             path,
             target: probe_target(local),

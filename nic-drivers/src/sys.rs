@@ -1,25 +1,38 @@
 //! Thin wrappers over the libc calls several backends share.
 
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use crate::NicError;
 
 /// poll(2) one fd for `events`; `None` timeout waits forever.
 pub(crate) fn poll_fd(fd: RawFd, events: i16, timeout: Option<Duration>) -> Result<bool, NicError> {
+    poll_fds(&[fd], events, timeout)
+}
+
+/// poll(2) `fds` (at most two) for `events`: true when any is ready.
+pub(crate) fn poll_fds(
+    fds: &[RawFd],
+    events: i16,
+    timeout: Option<Duration>,
+) -> Result<bool, NicError> {
     let ms: libc::c_int = match timeout {
         None => -1,
         // Round up so a 100 µs timeout does not become a 0 ms busy poll.
         Some(d) => d.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int,
     };
-    let mut pfd = libc::pollfd {
-        fd,
+    let mut pfds = [libc::pollfd {
+        fd: -1,
         events,
         revents: 0,
-    };
+    }; 2];
+    let n = fds.len().min(pfds.len());
+    for (p, &fd) in pfds.iter_mut().zip(fds) {
+        p.fd = fd;
+    }
     loop {
-        // SAFETY: pfd is a valid pollfd for the duration of the call; nfds = 1.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        // SAFETY: pfds holds `n` valid pollfds for the duration of the call.
+        let r = unsafe { libc::poll(pfds.as_mut_ptr(), n as libc::nfds_t, ms) };
         if r >= 0 {
             return Ok(r > 0);
         }
@@ -159,6 +172,26 @@ fn copy_ifname(ifr: &mut libc::ifreq, name: &str) -> Result<(), NicError> {
     Ok(())
 }
 
+/// An epoll set that polls readable when any of `fds` does: one fd a caller
+/// can sleep on for several sources.
+pub(crate) fn epoll_of(fds: &[RawFd]) -> Result<OwnedFd, NicError> {
+    // SAFETY: plain syscall with a valid flag.
+    let epoll = owned(
+        unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) },
+        "epoll_create1",
+    )?;
+    for &fd in fds {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: the caller's fds are open; ev is a valid epoll_event.
+        let r = unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        cvt(r, "epoll_ctl ADD")?;
+    }
+    Ok(epoll)
+}
+
 /// A timerfd used as a level-triggered "something is due" flag.
 #[derive(Debug)]
 pub(crate) struct TimerFd(OwnedFd);
@@ -176,7 +209,6 @@ impl TimerFd {
     }
 
     pub(crate) fn raw(&self) -> RawFd {
-        use std::os::fd::AsRawFd;
         self.0.as_raw_fd()
     }
 

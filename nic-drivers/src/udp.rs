@@ -116,6 +116,14 @@ pub struct UdpConfig {
     /// ([`crate::port_share`]). On by default; not for port 0 (an ephemeral
     /// port is never shared).
     pub share_port: bool,
+    /// With `share_port`: join the port's group with this QPN prefix
+    /// instead of a free one. A raw device's socket for its local peers
+    /// ([`crate::local_peers`]) takes the prefix its interface gave it.
+    pub share_prefix: Option<u8>,
+    /// Take only datagrams that came in on the loopback interface: the
+    /// socket of a raw device, which receives everything from the wire on
+    /// its own (the kernel's copy of those frames must not arrive twice).
+    pub loopback_only: bool,
 }
 
 impl UdpConfig {
@@ -135,8 +143,59 @@ impl UdpConfig {
             tx_icrc_valid: false,
             gather: true,
             share_port: true,
+            share_prefix: None,
+            loopback_only: false,
         }
     }
+}
+
+/// Makes the socket drop every datagram that did not come in on `lo`
+/// (before it is queued: a classic BPF socket filter).
+fn attach_loopback_filter(fd: RawFd) -> Result<(), NicError> {
+    // Opcodes from linux/filter.h; SKF_AD_IFINDEX (8) reads skb->dev->ifindex.
+    const LD_IFINDEX: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const JEQ: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const RET: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+    const SKF_AD_IFINDEX: u32 = 8;
+    let lo = sys::if_index("lo")?;
+    let prog = [
+        libc::sock_filter {
+            code: LD_IFINDEX,
+            jt: 0,
+            jf: 0,
+            k: (libc::SKF_AD_OFF as u32).wrapping_add(SKF_AD_IFINDEX),
+        },
+        libc::sock_filter {
+            code: JEQ,
+            jt: 0,
+            jf: 1,
+            k: lo,
+        },
+        // Accept the whole datagram.
+        libc::sock_filter {
+            code: RET,
+            jt: 0,
+            jf: 0,
+            k: u32::MAX,
+        },
+        libc::sock_filter {
+            code: RET,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+    ];
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr().cast_mut(),
+    };
+    sys::setsockopt(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_ATTACH_FILTER,
+        &fprog,
+        "SO_ATTACH_FILTER (loopback only)",
+    )
 }
 
 /// Turns UDP_GRO on or off; returns whether the socket took it.
@@ -427,6 +486,9 @@ impl UdpIo {
         ] {
             sys::set_socket_buffer(raw, force, plain, cfg.socket_buffer, what);
         }
+        if cfg.loopback_only {
+            attach_loopback_filter(raw)?;
+        }
         let mut gro = cfg.gro && set_gro(raw, true);
         let joining = if cfg.share_port && cfg.bind.port() != 0 {
             sys::setsockopt(
@@ -464,7 +526,7 @@ impl UdpIo {
             return Err(e);
         }
         let local = local_addr(raw)?;
-        let share = joining.map(|j| j.join(raw)).transpose()?;
+        let share = joining.map(|j| j.join(raw, cfg.share_prefix)).transpose()?;
         let rx_gro = gro;
         if gro && share.as_ref().is_some_and(|s| s.members() > 1) {
             gro = !set_gro(raw, false);

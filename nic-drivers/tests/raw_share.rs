@@ -2,7 +2,9 @@
 //! processes of one host each open one: every frame reaches only the device
 //! whose QPN prefix its BTH destination QP carries. Before, both saw every
 //! frame (AF_PACKET) or the first took them all (AF_XDP), and two `ferroce
-//! bench` pairs between the same two hosts broke each other.
+//! bench` pairs between the same two hosts broke each other. A raw device
+//! also reaches devices of its own host through its UDP socket
+//! (`ferroce_nic::local_peers`).
 
 mod common;
 
@@ -12,7 +14,7 @@ use common::*;
 use ferroce_nic::afpacket::{AfPacketConfig, AfPacketIo};
 use ferroce_nic::afxdp::{AfXdpConfig, AfXdpIo};
 use ferroce_nic::frame::ROCE_V2_PORT;
-use ferroce_nic::{UdpConfig, UdpIo};
+use ferroce_nic::{LocalPeersIo, UdpConfig, UdpIo};
 
 fn open_shared(kind: &str, ifname: &str) -> Io {
     match kind {
@@ -178,4 +180,52 @@ fn a_udp_device_binds_beside_a_raw_one() {
 #[test]
 fn a_raw_device_opens_beside_a_udp_one() {
     udp_and_raw_devices_share_the_interface(true);
+}
+
+/// A raw device with its socket for peers on this host, beside a UDP device
+/// on the same address: frames go between them through the kernel's
+/// loopback both ways, and frames from the wire reach the raw device once
+/// (its socket drops the kernel's copy of them, which the port's group
+/// steers to it by prefix).
+#[test]
+fn a_raw_device_reaches_local_peers_through_its_socket() {
+    if !root_or_skip("a raw device's local peers") {
+        return;
+    }
+    let t = topo();
+    let (ea, eb) = ends(&t, false);
+    let ifa = t.host(0).ifname.clone();
+    let (mut raw, mut udp) = t
+        .run_in(0, move || {
+            let bind = SocketAddr::new(ea.ip, ROCE_V2_PORT);
+            let raw = LocalPeersIo::new(open_shared("afpacket", &ifa), UdpConfig::new(bind))
+                .map_err(|(_, e)| e)
+                .unwrap();
+            let udp = UdpIo::bind(UdpConfig::new(bind)).unwrap();
+            (Box::new(raw) as Io, Box::new(udp) as Io)
+        })
+        .unwrap();
+    let (pr, pu) = (raw.qpn_prefix().unwrap(), udp.qpn_prefix().unwrap());
+    assert_ne!(pr, pu, "raw and UDP devices took one prefix");
+    const N: u32 = 30;
+    let mut tx = sender(&t);
+    send_to_prefixes(&mut tx, &[pr], N, eb, ea);
+    assert_eq!(
+        received(&mut raw, N as usize + 1, eb, ea),
+        want(pr, N),
+        "from the wire"
+    );
+    send_to_prefixes(&mut udp, &[pr], N, ea, ea);
+    assert_eq!(
+        received(&mut raw, N as usize + 1, ea, ea),
+        want(pr, N),
+        "from the UDP device"
+    );
+    // Addressed to the raw device's own MAC: out through its socket.
+    send_to_prefixes(&mut raw, &[pu], N, ea, ea);
+    assert_eq!(
+        received(&mut udp, N as usize + 1, ea, ea),
+        want(pu, N),
+        "from the raw device"
+    );
 }

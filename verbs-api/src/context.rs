@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ferroce_nic::PacketIo;
+use ferroce_nic::{NicError, PacketIo};
 use ferroce_stack::transport::{Config, Core, Path};
 
 use crate::device::{self, DeviceConfig, Interface};
@@ -67,6 +67,9 @@ pub(crate) struct Shared {
     /// UDP backend: the port the kernel socket sends from. The ICRC covers
     /// the UDP source port, so frames must be built with this one.
     pub udp_sport: Option<u16>,
+    /// Raw backend: the UDP socket peers on this host reach it through
+    /// (`ferroce_nic::local_peers`); frames to them are built for it.
+    pub local_peers: Option<SocketAddr>,
     pub attr: DeviceAttr,
     next_iova: AtomicU64,
     thread: std::sync::Mutex<Option<JoinHandle<()>>>,
@@ -153,6 +156,7 @@ impl Context {
         if let Some(s) = Arc::get_mut(&mut ctx.shared) {
             s.netns = cfg.netns.clone();
             s.udp_sport = opened.udp_local.map(|a| a.port());
+            s.local_peers = opened.local_peers;
         }
         Ok(ctx)
     }
@@ -254,6 +258,7 @@ impl Context {
                 ifname: iface.map(|i| i.name.clone()),
                 netns: None,
                 udp_sport: None,
+                local_peers: None,
                 attr,
                 // Page-aligned, far from zero, like a user-space heap address.
                 next_iova: AtomicU64::new(0x5500_0000_0000 + (seed & 0xff_ffff) * 0x10_0000),
@@ -335,6 +340,7 @@ impl Context {
             Some(v4) => IpAddr::V4(v4),
             None => IpAddr::V6(dgid),
         };
+        let mut udp_sport = self.shared.udp_sport;
         let dst_mac = match (self.shared.backend, &self.shared.ifname) {
             ("afxdp" | "afpacket", Some(ifname)) => {
                 let ifname = ifname.clone();
@@ -344,10 +350,18 @@ impl Context {
                     Some(ns) => ferroce_nic::netns::enter_and_run(ns, lookup)?,
                     None => lookup(),
                 };
-                r.map_err(|e| Error::Unreachable {
-                    ip: dst_ip,
-                    reason: e.to_string(),
-                })?
+                match (r, self.shared.local_peers) {
+                    // An address of this host: through the device's UDP socket, which
+                    // sends from its own address and port (the ICRC covers both).
+                    (Err(NicError::LocalPeer(_)), Some(sock)) if gid_of(sock.ip()) == sgid => {
+                        udp_sport = Some(sock.port());
+                        self.shared.mac
+                    }
+                    (r, _) => r.map_err(|e| Error::Unreachable {
+                        ip: dst_ip,
+                        reason: e.to_string(),
+                    })?,
+                }
             }
             ("udp", _) => ferroce_nic::frame::mac_for_ip(dst_ip),
             _ => [0xff; 6],
@@ -357,7 +371,7 @@ impl Context {
             dst_mac,
             sgid,
             dgid,
-            udp_sport: self.shared.udp_sport,
+            udp_sport,
             ..Path::default()
         })
     }

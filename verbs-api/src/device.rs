@@ -242,6 +242,9 @@ pub(crate) struct OpenedIo {
     pub iface: Interface,
     /// For the UDP backend: the address frames leave from (its GIDs).
     pub udp_local: Option<SocketAddr>,
+    /// For a raw backend: the UDP socket its peers on this host reach it
+    /// through ([`ferroce_nic::local_peers`]), if it has one.
+    pub local_peers: Option<SocketAddr>,
 }
 
 pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
@@ -313,6 +316,11 @@ pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
         };
         match r {
             Ok((io, udp_local)) => {
+                let (io, local_peers) = if udp_local.is_none() {
+                    with_local_peers(io, &iface)
+                } else {
+                    (io, None)
+                };
                 let io = match cfg.faults {
                     None => io,
                     Some(f) => Box::new(ferroce_nic::FaultIo::new(io, f)?) as Box<dyn PacketIo>,
@@ -334,6 +342,7 @@ pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
                     backend: *b,
                     iface,
                     udp_local,
+                    local_peers,
                 });
             }
             Err(e) => errors.push(format!("{}: {e}", b.name())),
@@ -344,6 +353,49 @@ pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
         cfg.ifname,
         errors.join("; ")
     )))
+}
+
+/// Gives a raw backend its UDP socket for peers on this host, on the
+/// interface's first IPv4 address (the GID such peers use; rxe reaches them
+/// through the kernel's loopback). Without one, or when the socket cannot be
+/// had (`FERROCE_LOCAL_PEERS=0`, a UDP device holding the port on the
+/// wildcard address), the device works as before and a path to a local
+/// address is refused with the reason.
+fn with_local_peers(
+    io: Box<dyn PacketIo>,
+    iface: &Interface,
+) -> (Box<dyn PacketIo>, Option<SocketAddr>) {
+    let bind = iface
+        .addrs
+        .iter()
+        .find(|a| a.ip.is_ipv4())
+        .map(|a| SocketAddr::new(a.ip, ferroce_nic::ROCE_V2_PORT));
+    let (Some(bind), true) = (
+        bind,
+        std::env::var("FERROCE_LOCAL_PEERS").map_or(true, |v| v != "0"),
+    ) else {
+        return (io, None);
+    };
+    if io.qpn_prefix().is_none() {
+        return (io, None);
+    }
+    let cfg = UdpConfig {
+        // Only the transport core fills these frames, and its ICRCs are right.
+        tx_icrc_valid: true,
+        // Loopback traffic only: a small batch keeps the socket's buffers small.
+        batch: 16,
+        ..UdpConfig::new(bind)
+    };
+    match ferroce_nic::LocalPeersIo::new(io, cfg) {
+        Ok(lp) => {
+            let at = lp.local_addr();
+            (Box::new(lp) as Box<dyn PacketIo>, Some(at))
+        }
+        Err((io, e)) => {
+            tracing::info!("{}: no path to peers on this host ({e})", iface.name);
+            (io, None)
+        }
+    }
 }
 
 /// The largest IB path MTU an Ethernet MTU allows (rxe: largest ≤ MTU − 80, so 1500 → 1024).

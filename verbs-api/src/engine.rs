@@ -263,7 +263,8 @@ pub(crate) struct Engine {
     pub mode: EngineMode,
     pub stop: AtomicBool,
     pub failure: Mutex<Option<String>>,
-    poll_fd: std::os::fd::RawFd,
+    /// The backend's fds to sleep on (the second only for a backend with two).
+    poll_fds: Vec<std::os::fd::RawFd>,
     /// When a step last ran, in ns since `born` (the keeper reads it).
     last_step_ns: AtomicU64,
     born: std::time::Instant,
@@ -271,14 +272,16 @@ pub(crate) struct Engine {
 
 impl Engine {
     pub fn new(inner: Inner, mode: EngineMode) -> Engine {
-        let poll_fd = inner.io.poll_fd();
+        let poll_fds = std::iter::once(inner.io.poll_fd())
+            .chain(inner.io.second_poll_fd())
+            .collect();
         Engine {
             inner: Mutex::new(inner),
             progress: Condvar::new(),
             mode,
             stop: AtomicBool::new(false),
             failure: Mutex::new(None),
-            poll_fd,
+            poll_fds,
             last_step_ns: AtomicU64::new(0),
             born: std::time::Instant::now(),
         }
@@ -365,7 +368,7 @@ impl Engine {
 
     /// Sleep until the backend has frames or `timeout` passes.
     pub fn wait_io(&self, timeout: Duration) {
-        if let Err(e) = ferroce_nic::wait_readable(self.poll_fd, Some(timeout)) {
+        if let Err(e) = ferroce_nic::wait_readable_any(&self.poll_fds, Some(timeout)) {
             self.fail(e.to_string());
         }
     }

@@ -121,6 +121,9 @@ impl<I: PacketIo, W: Write + Send> PacketIo for PcapIo<I, W> {
     fn poll_fd(&self) -> RawFd {
         self.inner.poll_fd()
     }
+    fn second_poll_fd(&self) -> Option<RawFd> {
+        self.inner.second_poll_fd()
+    }
     fn set_busy_poll(&mut self, on: bool) -> Result<(), NicError> {
         self.inner.set_busy_poll(on)
     }
