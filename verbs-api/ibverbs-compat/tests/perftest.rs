@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{can_run, pair, topology};
+use common::{can_run, pair, pair_from, topology};
 
 const T: Duration = Duration::from_secs(90);
 
@@ -58,6 +58,26 @@ fn ib_write_bw() {
             ),
         ],
     );
+}
+
+/// Server and client on one host, as perftest users often run them: the
+/// client reaches the server's address through the kernel's loopback, which
+/// a raw backend's device serves through its UDP socket for local peers
+/// (`ferroce_nic::local_peers`). Before, the client refused the path.
+#[test]
+fn ib_write_bw_and_ib_read_bw_on_one_host() {
+    if !can_run("one host", &["ib_write_bw", "ib_read_bw"]) {
+        return;
+    }
+    let topo = topology("c1h");
+    for tool in ["ib_write_bw", "ib_read_bw"] {
+        let args = ["-F", "-x", "1", "-s", "65536", "-n", "1000"];
+        let (s, c) = pair_from(&topo, 1, tool, &args, T);
+        assert!(
+            has_result(&c, "65536") || has_result(&s, "65536"),
+            "{tool} on one host: no result row\n--- client:\n{c}\n--- server:\n{s}"
+        );
+    }
 }
 
 #[test]

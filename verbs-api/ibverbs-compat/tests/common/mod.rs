@@ -119,12 +119,23 @@ pub fn wait(mut child: Child, t: Duration) -> (Output, bool) {
 /// 0 connecting to host 1's IPv4 address); both must exit 0 within `t`.
 /// Returns (server stdout+stderr, client stdout+stderr).
 pub fn pair(topo: &Topology, program: &str, args: &[&str], t: Duration) -> (String, String) {
+    pair_from(topo, 0, program, args, t)
+}
+
+/// [`pair`] with the client on host `client` (1: both on the server's host).
+pub fn pair_from(
+    topo: &Topology,
+    client: usize,
+    program: &str,
+    args: &[&str],
+    t: Duration,
+) -> (String, String) {
     let server = tool(topo, 1, program, args).spawn().expect("spawn server");
     wait_listening(topo, 1, PORT);
     let ip = topo.host(1).ipv4.to_string();
     let mut cargs: Vec<&str> = args.to_vec();
     cargs.push(&ip);
-    let client = tool(topo, 0, program, &cargs)
+    let client = tool(topo, client, program, &cargs)
         .spawn()
         .expect("spawn client");
     let (c, ct) = wait(client, t);
