@@ -481,18 +481,7 @@ fn sink_socket(port: u16) -> Option<OwnedFd> {
         jf: 0,
         k: 0,
     }];
-    let prog = libc::sock_fprog {
-        len: 1,
-        filter: drop_all.as_ptr() as *mut libc::sock_filter,
-    };
-    sys::setsockopt(
-        raw,
-        libc::SOL_SOCKET,
-        SO_ATTACH_FILTER,
-        &prog,
-        "SO_ATTACH_FILTER sink",
-    )
-    .ok()?;
+    sys::attach_cbpf(raw, SO_ATTACH_FILTER, &drop_all, "SO_ATTACH_FILTER sink").ok()?;
     let (ss, len) = crate::udp::to_sockaddr(&std::net::SocketAddr::new(
         std::net::Ipv6Addr::UNSPECIFIED.into(),
         port,
@@ -531,17 +520,7 @@ impl AfPacketIo {
         let mac = sys::if_mac(rx, &cfg.ifname)?;
         let mtu = sys::if_mtu(rx, &cfg.ifname)?;
         let prog = udp_port_filter(cfg.port, share.as_ref().map(RawShare::prefix));
-        let fprog = libc::sock_fprog {
-            len: prog.len() as u16,
-            filter: prog.as_ptr() as *mut libc::sock_filter,
-        };
-        sys::setsockopt(
-            rx,
-            libc::SOL_SOCKET,
-            SO_ATTACH_FILTER,
-            &fprog,
-            "SO_ATTACH_FILTER",
-        )?;
+        sys::attach_cbpf(rx, SO_ATTACH_FILTER, &prog, "SO_ATTACH_FILTER")?;
         let v3 = cfg.rx_ring == RxRing::V3;
         let version = if v3 { TPACKET_V3 } else { TPACKET_V2 };
         sys::setsockopt(

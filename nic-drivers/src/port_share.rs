@@ -715,16 +715,10 @@ fn attach(fd: RawFd, members: &[Member]) -> Result<(), NicError> {
 }
 
 fn attach_program(fd: RawFd, members: &[Member]) -> Result<(), NicError> {
-    let prog = program(members);
-    let fprog = libc::sock_fprog {
-        len: prog.len() as u16,
-        filter: prog.as_ptr().cast_mut(),
-    };
-    sys::setsockopt(
+    sys::attach_cbpf(
         fd,
-        libc::SOL_SOCKET,
         libc::SO_ATTACH_REUSEPORT_CBPF,
-        &fprog,
+        &program(members),
         "SO_ATTACH_REUSEPORT_CBPF",
     )
 }

@@ -172,6 +172,25 @@ fn copy_ifname(ifr: &mut libc::ifreq, name: &str) -> Result<(), NicError> {
     Ok(())
 }
 
+/// Attaches the classic BPF program `prog` to socket `fd` with `option`
+/// (`SO_ATTACH_FILTER`, `SO_ATTACH_REUSEPORT_CBPF`); `what` names it in an
+/// error.
+pub(crate) fn attach_cbpf(
+    fd: RawFd,
+    option: libc::c_int,
+    prog: &[libc::sock_filter],
+    what: &str,
+) -> Result<(), NicError> {
+    let len = u16::try_from(prog.len())
+        .map_err(|_| NicError::Config(format!("{what}: {} BPF instructions", prog.len())))?;
+    let fprog = libc::sock_fprog {
+        len,
+        // The kernel copies the program in; it only reads through this.
+        filter: prog.as_ptr().cast_mut(),
+    };
+    setsockopt(fd, libc::SOL_SOCKET, option, &fprog, what)
+}
+
 /// An epoll set that polls readable when any of `fds` does: one fd a caller
 /// can sleep on for several sources.
 pub(crate) fn epoll_of(fds: &[RawFd]) -> Result<OwnedFd, NicError> {

@@ -185,15 +185,10 @@ fn attach_loopback_filter(fd: RawFd) -> Result<(), NicError> {
             k: 0,
         },
     ];
-    let fprog = libc::sock_fprog {
-        len: prog.len() as u16,
-        filter: prog.as_ptr().cast_mut(),
-    };
-    sys::setsockopt(
+    sys::attach_cbpf(
         fd,
-        libc::SOL_SOCKET,
         libc::SO_ATTACH_FILTER,
-        &fprog,
+        &prog,
         "SO_ATTACH_FILTER (loopback only)",
     )
 }
