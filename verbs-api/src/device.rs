@@ -365,10 +365,13 @@ fn with_local_peers(
     io: Box<dyn PacketIo>,
     iface: &Interface,
 ) -> (Box<dyn PacketIo>, Option<SocketAddr>) {
+    // A raw device on `lo` itself gets back what it sends there: a socket
+    // beside it would hand it every local frame twice.
     let bind = iface
         .addrs
         .iter()
-        .find(|a| a.ip.is_ipv4())
+        .find(|a| a.ip.is_ipv4() && !a.ip.is_loopback())
+        .filter(|_| iface.name != "lo")
         .map(|a| SocketAddr::new(a.ip, ferroce_nic::ROCE_V2_PORT));
     let (Some(bind), true) = (
         bind,
