@@ -32,10 +32,10 @@ use crate::{NicError, PacketIo, RxSink, RxSinkChecked, Stats, TxFill, UdpConfig,
 /// at every call.
 pub const ACTIVE_CALLS: u32 = 4096;
 /// How often the socket is read while local peers are quiet. Under QEMU's
-/// emulation a system call costs microseconds: at one per 50 µs, AF_XDP's
-/// 64 KiB WRITE bandwidth between two VMs was ~6 % lower (medians of two
-/// interleaved runs each), so the wait for a quiet peer's first datagram is
-/// traded for less of that.
+/// emulation a system call costs microseconds: with one per 50 µs, AF_XDP's
+/// 64 KiB WRITE bandwidth between two VMs was ~6 % below that without the
+/// socket (two interleaved runs each, within the VMs' noise), so a quiet
+/// peer's first datagram may now wait up to 200 µs for a quarter of that.
 pub const QUIET_CHECK: Duration = Duration::from_micros(200);
 /// Calls between clock reads while local peers are quiet.
 pub const CLOCK_EVERY: u32 = 16;
