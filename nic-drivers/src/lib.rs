@@ -95,8 +95,9 @@ pub enum NicError {
     #[error(
         "{0} is an address of this host: frames sent on the interface do not come back to it \
          (rxe reaches it through the kernel's loopback). A raw device reaches such peers \
-         through its UDP socket on the interface's first IPv4 address, from that GID only; \
-         otherwise use the UDP backend (--backend udp) for processes on one host"
+         through its UDP sockets on the interface's first IPv4 and first non-link-local IPv6 \
+         address, from those GIDs only; otherwise use the UDP backend (--backend udp) for \
+         processes on one host"
     )]
     LocalPeer(std::net::IpAddr),
     /// A configuration value is out of range.

@@ -6,26 +6,29 @@
 //! rxe serves such peers through the kernel's IP stack, and perftest and
 //! `ibv_rc_pingpong` users often run a server and a client on one host. So a
 //! raw device also holds a UDP socket on its address and port 4791
-//! ([`UdpIo`]), in the port's shared group ([`crate::port_share`]) with the
-//! QPN prefix its interface gave it, so that datagrams to its QPs reach it
-//! whichever ferroce process (raw or UDP backend) sent them:
+//! ([`UdpIo`]; one per address family, see [`LocalPeersIo::add_socket`]),
+//! in the port's shared group ([`crate::port_share`]) with the QPN prefix
+//! its interface gave it, so that datagrams to its QPs reach it whichever
+//! ferroce process (raw or UDP backend) sent them:
 //! - frames the transport addresses to this device's own MAC (its path to a
-//!   local address) go out through the socket instead of the interface;
-//! - the socket takes only datagrams that came in on `lo`
+//!   local address) go out through the socket of their family instead of
+//!   the interface;
+//! - the sockets take only datagrams that came in on `lo`
 //!   ([`UdpConfig::loopback_only`]); what arrives from the wire the raw
 //!   rings already see.
 //!
-//! The socket costs a system call to read, while the raw rings cost none, so
-//! it is read only when the raw backend has delivered less than asked: at
-//! every such call for [`ACTIVE_CALLS`] calls after a local peer's datagram,
-//! otherwise once [`QUIET_CHECK`] has passed, looked at every
+//! A socket costs a system call to read, while the raw rings cost none, so
+//! each is read only when the raw backend has delivered less than asked: at
+//! every such call for [`ACTIVE_CALLS`] calls after a local peer's datagram
+//! on it, otherwise once [`QUIET_CHECK`] has passed, looked at every
 //! [`CLOCK_EVERY`] calls (a clock read per call cost AF_PACKET a few
 //! per cent). A device with no local peers spends about one system call per
-//! 200 µs of spinning on it.
+//! socket per 200 µs of spinning on it.
 
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
+use crate::{frame, sys};
 use crate::{NicError, PacketIo, RxSink, RxSinkChecked, Stats, TxFill, UdpConfig, UdpIo};
 
 /// Calls after a local peer's last datagram during which the socket is read
@@ -40,16 +43,23 @@ pub const QUIET_CHECK: Duration = Duration::from_micros(200);
 /// Calls between clock reads while local peers are quiet.
 pub const CLOCK_EVERY: u32 = 16;
 
-/// A raw backend and the UDP socket its peers on this host reach it by.
+/// A raw backend and the UDP sockets its peers on this host reach it by.
 pub struct LocalPeersIo {
     main: Box<dyn PacketIo>,
-    local: UdpIo,
+    /// One per address family; the first is never missing.
+    locals: Vec<Local>,
+    /// With two sockets, an epoll set of both, for [`PacketIo::second_poll_fd`]
+    /// (only loopback datagrams wake it: the filter drops the rest before
+    /// they are queued).
+    epoll: Option<OwnedFd>,
     mac: [u8; 6],
-    // When the socket was last read while quiet; calls since then, and
-    // since it last gave something.
+    prefix: u8,
+    // Frames to a local peer of a family with no socket (no path leads
+    // there: `resolve_path` checks the source GID), counted as dropped.
+    unsent: u64,
+    // When the sockets were last read while quiet, and calls since then.
     checked_at: Instant,
     calls: u32,
-    since_active: u32,
     // Frames for local peers taken from the transport during one `transmit`.
     pending: Vec<Vec<u8>>,
     used: usize,
@@ -59,7 +69,7 @@ impl std::fmt::Debug for LocalPeersIo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalPeersIo")
             .field("main", &self.main.kind())
-            .field("local", &self.local.local_addr())
+            .field("local", &self.local_addrs())
             .finish()
     }
 }
@@ -79,41 +89,84 @@ impl LocalPeersIo {
                 NicError::Config("a raw device reaches local peers only with a QPN prefix".into());
             return Err((main, e));
         };
-        let mac = main.mac();
-        let opened = UdpIo::bind(UdpConfig {
-            share_port: true,
-            share_prefix: Some(prefix),
-            loopback_only: true,
-            mac,
-            max_frame_len: main.max_frame_len(),
-            ..cfg
-        });
-        let local = match opened {
+        let local = match bind_for(main.as_ref(), prefix, cfg) {
             Ok(l) => l,
             Err(e) => return Err((main, e)),
         };
         Ok(LocalPeersIo {
+            mac: main.mac(),
             main,
-            local,
-            mac,
+            locals: vec![Local::new(local)],
+            epoll: None,
+            prefix,
+            unsent: 0,
             checked_at: Instant::now(),
             calls: 0,
-            since_active: ACTIVE_CALLS,
             pending: Vec::new(),
             used: 0,
         })
     }
 
-    /// The socket's address.
-    pub fn local_addr(&self) -> std::net::SocketAddr {
-        self.local.local_addr()
+    /// Adds the socket of the other address family (an IPv6 address beside
+    /// the first socket's IPv4 one, say), so peers on this host reach the
+    /// device from that family's GIDs too.
+    pub fn add_socket(&mut self, cfg: UdpConfig) -> Result<(), NicError> {
+        if self.locals.len() >= 2
+            || self
+                .locals
+                .iter()
+                .any(|l| l.io.local_addr().is_ipv6() == cfg.bind.is_ipv6())
+        {
+            return Err(NicError::Config(format!(
+                "{}: one socket per address family",
+                cfg.bind
+            )));
+        }
+        let local = bind_for(self.main.as_ref(), self.prefix, cfg)?;
+        let fds: Vec<RawFd> = self
+            .locals
+            .iter()
+            .map(|l| &l.io)
+            .chain([&local])
+            .map(PacketIo::poll_fd)
+            .collect();
+        self.epoll = Some(sys::epoll_of(&fds)?);
+        self.locals.push(Local::new(local));
+        Ok(())
     }
 
-    /// The socket's counters alone ([`PacketIo::stats`] adds them to the raw
-    /// backend's).
-    pub fn local_stats(&self) -> Stats {
-        self.local.stats()
+    /// The sockets' addresses.
+    pub fn local_addrs(&self) -> Vec<std::net::SocketAddr> {
+        self.locals.iter().map(|l| l.io.local_addr()).collect()
     }
+}
+
+/// One socket and how recently it gave something.
+struct Local {
+    io: UdpIo,
+    /// Calls since its last datagram (from [`ACTIVE_CALLS`] on: quiet).
+    since_active: u32,
+}
+
+impl Local {
+    fn new(io: UdpIo) -> Self {
+        Local {
+            io,
+            since_active: ACTIVE_CALLS,
+        }
+    }
+}
+
+/// The socket for `main`'s local peers at `cfg.bind`.
+fn bind_for(main: &dyn PacketIo, prefix: u8, cfg: UdpConfig) -> Result<UdpIo, NicError> {
+    UdpIo::bind(UdpConfig {
+        share_port: true,
+        share_prefix: Some(prefix),
+        loopback_only: true,
+        mac: main.mac(),
+        max_frame_len: main.max_frame_len(),
+        ..cfg
+    })
 }
 
 impl PacketIo for LocalPeersIo {
@@ -142,27 +195,30 @@ impl PacketIo for LocalPeersIo {
         if n >= max {
             return Ok(n);
         }
-        let due = if self.since_active < ACTIVE_CALLS {
-            self.since_active += 1;
-            true
-        } else {
-            self.calls += 1;
-            self.calls >= CLOCK_EVERY && {
-                self.calls = 0;
-                let now = Instant::now();
-                let quiet_long = now.duration_since(self.checked_at) >= QUIET_CHECK;
-                if quiet_long {
-                    self.checked_at = now;
-                }
-                quiet_long
+        self.calls += 1;
+        let quiet_due = self.calls >= CLOCK_EVERY && {
+            self.calls = 0;
+            let now = Instant::now();
+            let due = now.duration_since(self.checked_at) >= QUIET_CHECK;
+            if due {
+                self.checked_at = now;
             }
+            due
         };
-        if !due {
-            return Ok(n);
-        }
-        let m = self.local.recv_checked(max - n, sink)?;
-        if m > 0 {
-            self.since_active = 0;
+        let mut m = 0;
+        for l in &mut self.locals {
+            // A GRO datagram may give a socket more frames than asked.
+            let room = max.saturating_sub(n + m);
+            let active = l.since_active < ACTIVE_CALLS;
+            if room == 0 || (!active && !quiet_due) {
+                continue;
+            }
+            l.since_active = l.since_active.saturating_add(1);
+            let got = l.io.recv_checked(room, sink)?;
+            if got > 0 {
+                l.since_active = 0;
+            }
+            m += got;
         }
         Ok(n + m)
     }
@@ -190,13 +246,26 @@ impl PacketIo for LocalPeersIo {
         if self.used == 0 {
             return Ok(n);
         }
-        let frames: Vec<&[u8]> = self.pending[..self.used]
-            .iter()
-            .map(Vec::as_slice)
-            .collect();
-        // Frames the socket could not take are lost, as on a full ring: the
-        // transport retransmits them.
-        self.local.send_frames(&frames)?;
+        let pending = &self.pending[..self.used];
+        // A frame's family: IPv6 or not (one that is not UDP at all goes to
+        // the IPv4 socket, which drops and counts it).
+        let v6 = |f: &[u8]| frame::parse_udp(f).is_ok_and(|i| i.src.is_ipv6());
+        let mut sent = 0;
+        for Local { io: local, .. } in &mut self.locals {
+            let family = local.local_addr().is_ipv6();
+            let frames: Vec<&[u8]> = pending
+                .iter()
+                .map(Vec::as_slice)
+                .filter(|f| v6(f) == family)
+                .collect();
+            if !frames.is_empty() {
+                sent += frames.len();
+                // Frames a socket could not take are lost, as on a full ring:
+                // the transport retransmits them.
+                local.send_frames(&frames)?;
+            }
+        }
+        self.unsent += (self.used - sent) as u64;
         Ok(n + self.used)
     }
 
@@ -205,12 +274,18 @@ impl PacketIo for LocalPeersIo {
     }
 
     fn second_poll_fd(&self) -> Option<RawFd> {
-        Some(self.local.poll_fd())
+        match &self.epoll {
+            Some(e) => Some(e.as_raw_fd()),
+            None => self.locals.first().map(|l| l.io.poll_fd()),
+        }
     }
 
     fn set_busy_poll(&mut self, on: bool) -> Result<(), NicError> {
         self.main.set_busy_poll(on)?;
-        self.local.set_busy_poll(on)
+        for l in &mut self.locals {
+            l.io.set_busy_poll(on)?;
+        }
+        Ok(())
     }
 
     fn qpn_prefix(&self) -> Option<u8> {
@@ -218,16 +293,20 @@ impl PacketIo for LocalPeersIo {
     }
 
     fn stats(&self) -> Stats {
-        let (a, b) = (self.main.stats(), self.local.stats());
-        Stats {
-            rx_frames: a.rx_frames + b.rx_frames,
-            rx_bytes: a.rx_bytes + b.rx_bytes,
-            tx_frames: a.tx_frames + b.tx_frames,
-            tx_bytes: a.tx_bytes + b.tx_bytes,
-            rx_dropped: a.rx_dropped + b.rx_dropped,
-            tx_dropped: a.tx_dropped + b.tx_dropped,
-            tx_ring_full: a.tx_ring_full + b.tx_ring_full,
-            syscalls: a.syscalls + b.syscalls,
-        }
+        let mut s = self.main.stats();
+        s.tx_dropped += self.unsent;
+        self.locals.iter().fold(s, |a, l| {
+            let b = l.io.stats();
+            Stats {
+                rx_frames: a.rx_frames + b.rx_frames,
+                rx_bytes: a.rx_bytes + b.rx_bytes,
+                tx_frames: a.tx_frames + b.tx_frames,
+                tx_bytes: a.tx_bytes + b.tx_bytes,
+                rx_dropped: a.rx_dropped + b.rx_dropped,
+                tx_dropped: a.tx_dropped + b.tx_dropped,
+                tx_ring_full: a.tx_ring_full + b.tx_ring_full,
+                syscalls: a.syscalls + b.syscalls,
+            }
+        })
     }
 }

@@ -67,9 +67,9 @@ pub(crate) struct Shared {
     /// UDP backend: the port the kernel socket sends from. The ICRC covers
     /// the UDP source port, so frames must be built with this one.
     pub udp_sport: Option<u16>,
-    /// Raw backend: the UDP socket peers on this host reach it through
-    /// (`ferroce_nic::local_peers`); frames to them are built for it.
-    pub local_peers: Option<SocketAddr>,
+    /// Raw backend: the UDP sockets peers on this host reach it through
+    /// (`ferroce_nic::local_peers`); frames to them are built for these.
+    pub local_peers: Vec<SocketAddr>,
     pub attr: DeviceAttr,
     next_iova: AtomicU64,
     thread: std::sync::Mutex<Option<JoinHandle<()>>>,
@@ -258,7 +258,7 @@ impl Context {
                 ifname: iface.map(|i| i.name.clone()),
                 netns: None,
                 udp_sport: None,
-                local_peers: None,
+                local_peers: Vec::new(),
                 attr,
                 // Page-aligned, far from zero, like a user-space heap address.
                 next_iova: AtomicU64::new(0x5500_0000_0000 + (seed & 0xff_ffff) * 0x10_0000),
@@ -350,10 +350,16 @@ impl Context {
                     Some(ns) => ferroce_nic::netns::enter_and_run(ns, lookup)?,
                     None => lookup(),
                 };
-                match (r, self.shared.local_peers) {
-                    // An address of this host: through the device's UDP socket, which
-                    // sends from its own address and port (the ICRC covers both).
-                    (Err(NicError::LocalPeer(_)), Some(sock)) if gid_of(sock.ip()) == sgid => {
+                // An address of this host: through the device's UDP socket on the
+                // source GID, which sends from its own address and port (the ICRC
+                // covers both).
+                let sock = self
+                    .shared
+                    .local_peers
+                    .iter()
+                    .find(|s| gid_of(s.ip()) == sgid);
+                match (r, sock) {
+                    (Err(NicError::LocalPeer(_)), Some(sock)) => {
                         udp_sport = Some(sock.port());
                         self.shared.mac
                     }

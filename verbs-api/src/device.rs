@@ -242,9 +242,9 @@ pub(crate) struct OpenedIo {
     pub iface: Interface,
     /// For the UDP backend: the address frames leave from (its GIDs).
     pub udp_local: Option<SocketAddr>,
-    /// For a raw backend: the UDP socket its peers on this host reach it
-    /// through ([`ferroce_nic::local_peers`]), if it has one.
-    pub local_peers: Option<SocketAddr>,
+    /// For a raw backend: the UDP sockets its peers on this host reach it
+    /// through ([`ferroce_nic::local_peers`]), one per address family.
+    pub local_peers: Vec<SocketAddr>,
 }
 
 pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
@@ -319,7 +319,7 @@ pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
                 let (io, local_peers) = if udp_local.is_none() {
                     with_local_peers(io, &iface)
                 } else {
-                    (io, None)
+                    (io, Vec::new())
                 };
                 let io = match cfg.faults {
                     None => io,
@@ -355,48 +355,64 @@ pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
     )))
 }
 
-/// Gives a raw backend its UDP socket for peers on this host, on the
-/// interface's first IPv4 address (the GID such peers use; rxe reaches them
-/// through the kernel's loopback). Without one, or when the socket cannot be
-/// had (`FERROCE_LOCAL_PEERS=0`, a UDP device holding the port on the
-/// wildcard address), the device works as before and a path to a local
-/// address is refused with the reason.
+/// Gives a raw backend its UDP sockets for peers on this host: on the
+/// interface's first IPv4 address and on its first IPv6 address that is not
+/// link-local (the GIDs such peers use; rxe reaches them through the
+/// kernel's loopback). Without either, or when no socket can be had
+/// (`FERROCE_LOCAL_PEERS=0`, a UDP device holding the port on the wildcard
+/// address), the device works as before and a path to a local address is
+/// refused with the reason.
 fn with_local_peers(
     io: Box<dyn PacketIo>,
     iface: &Interface,
-) -> (Box<dyn PacketIo>, Option<SocketAddr>) {
+) -> (Box<dyn PacketIo>, Vec<SocketAddr>) {
+    let usable = |ip: &IpAddr| match ip {
+        IpAddr::V4(a) => !a.is_loopback(),
+        // fe80::/10 needs a scope to bind; rxe's index-0 GID is link-local too, but the
+        // tools use the IPv4 (or a global IPv6) one.
+        IpAddr::V6(a) => {
+            !a.is_loopback() && !a.is_multicast() && a.segments()[0] & 0xffc0 != 0xfe80
+        }
+    };
+    let first = |v6: bool| {
+        iface
+            .addrs
+            .iter()
+            .find(|a| a.ip.is_ipv6() == v6 && usable(&a.ip))
+            .map(|a| SocketAddr::new(a.ip, ferroce_nic::ROCE_V2_PORT))
+    };
+    let binds: Vec<SocketAddr> = [first(false), first(true)].into_iter().flatten().collect();
     // A raw device on `lo` itself gets back what it sends there: a socket
     // beside it would hand it every local frame twice.
-    let bind = iface
-        .addrs
-        .iter()
-        .find(|a| a.ip.is_ipv4() && !a.ip.is_loopback())
-        .filter(|_| iface.name != "lo")
-        .map(|a| SocketAddr::new(a.ip, ferroce_nic::ROCE_V2_PORT));
-    let (Some(bind), true) = (
-        bind,
-        std::env::var("FERROCE_LOCAL_PEERS").map_or(true, |v| v != "0"),
-    ) else {
-        return (io, None);
+    let wanted = iface.name != "lo"
+        && io.qpn_prefix().is_some()
+        && std::env::var("FERROCE_LOCAL_PEERS").map_or(true, |v| v != "0");
+    let Some((&bind, more)) = binds.split_first().filter(|_| wanted) else {
+        return (io, Vec::new());
     };
-    if io.qpn_prefix().is_none() {
-        return (io, None);
-    }
-    let cfg = UdpConfig {
+    let cfg = |bind| UdpConfig {
         // Only the transport core fills these frames, and its ICRCs are right.
         tx_icrc_valid: true,
         // Loopback traffic only: a small batch keeps the socket's buffers small.
         batch: 16,
         ..UdpConfig::new(bind)
     };
-    match ferroce_nic::LocalPeersIo::new(io, cfg) {
-        Ok(lp) => {
-            let at = lp.local_addr();
-            (Box::new(lp) as Box<dyn PacketIo>, Some(at))
+    match ferroce_nic::LocalPeersIo::new(io, cfg(bind)) {
+        Ok(mut lp) => {
+            for &b in more {
+                if let Err(e) = lp.add_socket(cfg(b)) {
+                    tracing::info!(
+                        "{}: no path to peers on this host from {b} ({e})",
+                        iface.name
+                    );
+                }
+            }
+            let at = lp.local_addrs();
+            (Box::new(lp) as Box<dyn PacketIo>, at)
         }
         Err((io, e)) => {
             tracing::info!("{}: no path to peers on this host ({e})", iface.name);
-            (io, None)
+            (io, Vec::new())
         }
     }
 }

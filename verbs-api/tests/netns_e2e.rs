@@ -594,10 +594,11 @@ fn two_devices_per_host_keep_their_traffic_apart() {
 /// Devices of one host reach each other whatever their backends, as rxe's
 /// QPs do through the kernel's loopback: a raw device sends to an address
 /// of its own host through its UDP socket (`ferroce_nic::local_peers`), and
-/// the kernel hands it what such peers send. Pairs: AF_XDP ⇄ AF_PACKET,
-/// AF_PACKET ⇄ UDP, UDP ⇄ AF_XDP and two QPs of the AF_XDP device; each runs
-/// every operation at 1 B, 4095 B, 64 KiB and 1 MiB, data checked. Before,
-/// a raw device refused such a path ("an address of this host").
+/// the kernel hands it what such peers send. Pairs: AF_XDP ⇄ AF_PACKET (IPv4
+/// and IPv6 GIDs), AF_PACKET ⇄ UDP, UDP ⇄ AF_XDP and two QPs of the AF_XDP
+/// device; each runs every operation at 1 B, 4095 B, 64 KiB and 1 MiB, data
+/// checked. Before, a raw device refused such a path ("an address of this
+/// host").
 #[test]
 fn raw_devices_reach_peers_on_their_own_host() {
     if !root_or_skip("raw_devices_reach_peers_on_their_own_host") {
@@ -631,18 +632,27 @@ fn raw_devices_reach_peers_on_their_own_host() {
             pd.reg_mr(BUF, access).unwrap(),
         ]
     });
-    for (n, (i, j)) in [(0, 1), (1, 2), (2, 0), (0, 0)].into_iter().enumerate() {
+    // The UDP device has no IPv6 GID: IPv6 only between the raw ones.
+    let pairs = [
+        (0, 1, false),
+        (1, 2, false),
+        (2, 0, false),
+        (0, 0, false),
+        (0, 1, true),
+    ];
+    for (n, (i, j, ipv6)) in pairs.into_iter().enumerate() {
         let c = connect(
             &ctxs[i],
             &pds[i],
             &ctxs[j],
             &pds[j],
             4096,
-            false,
+            ipv6,
             0x3000 * (n as u32 + 1),
         );
         for size in [1, 4095, 65536, 1 << 20] {
-            eprintln!("{} ⇄ {}: {size} B", kinds[i], kinds[j]);
+            let family = if ipv6 { "IPv6" } else { "IPv4" };
+            eprintln!("{} ⇄ {} ({family}): {size} B", kinds[i], kinds[j]);
             every_op(&c, &mrs[i][0], &mrs[j][1], size, 40 + u64::from(size));
         }
     }
