@@ -77,17 +77,26 @@ fn received(io: &mut Io, upto: usize, from: End, to: End) -> Vec<u32> {
     got
 }
 
+/// The two hosts, their IPv4 ends and host 0's interface; `None` (the test
+/// skips, saying `what`) without root.
+fn hosts(what: &str) -> Option<(ferroce_nic::netns::Topology, End, End, String)> {
+    if !root_or_skip(what) {
+        return None;
+    }
+    let t = topo();
+    let (ea, eb) = ends(&t, false);
+    let ifa = t.host(0).ifname.clone();
+    Some((t, ea, eb, ifa))
+}
+
 fn want(p: u8, n: u32) -> Vec<u32> {
     (0..n).map(|i| seq(p, i)).collect()
 }
 
 fn two_devices_split_the_interface(first: &'static str, second: &'static str) {
-    if !root_or_skip("raw devices sharing an interface") {
+    let Some((t, ea, eb, ifa)) = hosts("raw devices sharing an interface") else {
         return;
-    }
-    let t = topo();
-    let (ea, eb) = ends(&t, false);
-    let ifa = t.host(0).ifname.clone();
+    };
     let (mut x, mut y) = t
         .run_in(0, move || {
             let x = open_shared(first, &ifa);
@@ -140,12 +149,9 @@ fn afxdp_and_afpacket_devices_split_the_interface() {
 /// every datagram to its address; its core drops other prefixes' frames as
 /// for unknown QPs, as rxe does.)
 fn udp_and_raw_devices_share_the_interface(udp_first: bool) {
-    if !root_or_skip("UDP and raw devices on one interface") {
+    let Some((t, ea, eb, ifa)) = hosts("UDP and raw devices on one interface") else {
         return;
-    }
-    let t = topo();
-    let (ea, eb) = ends(&t, false);
-    let ifa = t.host(0).ifname.clone();
+    };
     let (mut raw, mut udp) = t
         .run_in(0, move || {
             let udp = || -> Io {
@@ -189,12 +195,9 @@ fn a_raw_device_opens_beside_a_udp_one() {
 /// steers to it by prefix).
 #[test]
 fn a_raw_device_reaches_local_peers_through_its_socket() {
-    if !root_or_skip("a raw device's local peers") {
+    let Some((t, ea, eb, ifa)) = hosts("a raw device's local peers") else {
         return;
-    }
-    let t = topo();
-    let (ea, eb) = ends(&t, false);
-    let ifa = t.host(0).ifname.clone();
+    };
     let (mut raw, mut udp) = t
         .run_in(0, move || {
             let bind = SocketAddr::new(ea.ip, ROCE_V2_PORT);
