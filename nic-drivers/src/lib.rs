@@ -161,6 +161,20 @@ impl Stats {
             syscalls: self.syscalls.wrapping_sub(earlier.syscalls),
         }
     }
+
+    /// Field-wise sum, for a backend made of two ([`local_peers`]).
+    pub fn plus(&self, other: &Stats) -> Stats {
+        Stats {
+            rx_frames: self.rx_frames.wrapping_add(other.rx_frames),
+            rx_bytes: self.rx_bytes.wrapping_add(other.rx_bytes),
+            tx_frames: self.tx_frames.wrapping_add(other.tx_frames),
+            tx_bytes: self.tx_bytes.wrapping_add(other.tx_bytes),
+            rx_dropped: self.rx_dropped.wrapping_add(other.rx_dropped),
+            tx_dropped: self.tx_dropped.wrapping_add(other.tx_dropped),
+            tx_ring_full: self.tx_ring_full.wrapping_add(other.tx_ring_full),
+            syscalls: self.syscalls.wrapping_add(other.syscalls),
+        }
+    }
 }
 
 /// The callback `recv` lends each received frame to.

@@ -52,16 +52,15 @@ pub struct LocalPeersIo {
     /// (only loopback datagrams wake it: the filter drops the rest before
     /// they are queued).
     epoll: Option<OwnedFd>,
-    mac: [u8; 6],
-    prefix: u8,
     // Frames to a local peer of a family with no socket (no path leads
     // there: `resolve_path` checks the source GID), counted as dropped.
     unsent: u64,
     // When the sockets were last read while quiet, and calls since then.
     checked_at: Instant,
     calls: u32,
-    // Frames for local peers taken from the transport during one `transmit`.
-    pending: Vec<Vec<u8>>,
+    // Frames for local peers taken from the transport during one `transmit`,
+    // each with whether it is IPv6 (which socket sends it).
+    pending: Vec<(bool, Vec<u8>)>,
     used: usize,
 }
 
@@ -84,21 +83,14 @@ impl LocalPeersIo {
         main: Box<dyn PacketIo>,
         cfg: UdpConfig,
     ) -> Result<Self, (Box<dyn PacketIo>, NicError)> {
-        let Some(prefix) = main.qpn_prefix() else {
-            let e =
-                NicError::Config("a raw device reaches local peers only with a QPN prefix".into());
-            return Err((main, e));
-        };
-        let local = match bind_for(main.as_ref(), prefix, cfg) {
+        let local = match bind_for(main.as_ref(), cfg) {
             Ok(l) => l,
             Err(e) => return Err((main, e)),
         };
         Ok(LocalPeersIo {
-            mac: main.mac(),
             main,
             locals: vec![Local::new(local)],
             epoll: None,
-            prefix,
             unsent: 0,
             checked_at: Instant::now(),
             calls: 0,
@@ -122,7 +114,7 @@ impl LocalPeersIo {
                 cfg.bind
             )));
         }
-        let local = bind_for(self.main.as_ref(), self.prefix, cfg)?;
+        let local = bind_for(self.main.as_ref(), cfg)?;
         let fds: Vec<RawFd> = self
             .locals
             .iter()
@@ -157,8 +149,11 @@ impl Local {
     }
 }
 
-/// The socket for `main`'s local peers at `cfg.bind`.
-fn bind_for(main: &dyn PacketIo, prefix: u8, cfg: UdpConfig) -> Result<UdpIo, NicError> {
+/// The socket for `main`'s local peers at `cfg.bind`, with `main`'s QPN prefix.
+fn bind_for(main: &dyn PacketIo, cfg: UdpConfig) -> Result<UdpIo, NicError> {
+    let prefix = main.qpn_prefix().ok_or_else(|| {
+        NicError::Config("a raw device reaches local peers only with a QPN prefix".into())
+    })?;
     UdpIo::bind(UdpConfig {
         share_port: true,
         share_prefix: Some(prefix),
@@ -179,7 +174,7 @@ impl PacketIo for LocalPeersIo {
     }
 
     fn mac(&self) -> [u8; 6] {
-        self.mac
+        self.main.mac()
     }
 
     fn recv(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {
@@ -224,7 +219,7 @@ impl PacketIo for LocalPeersIo {
     }
 
     fn transmit(&mut self, max: usize, fill: &mut TxFill<'_>) -> Result<usize, NicError> {
-        let mac = self.mac;
+        let mac = self.main.mac();
         let (pending, used) = (&mut self.pending, &mut self.used);
         *used = 0;
         let n = self.main.transmit(max, &mut |buf: &mut [u8]| loop {
@@ -235,9 +230,11 @@ impl PacketIo for LocalPeersIo {
                 return Some(len);
             };
             if pending.len() == *used {
-                pending.push(Vec::new());
+                pending.push((false, Vec::new()));
             }
-            if let Some(p) = pending.get_mut(*used) {
+            if let Some((v6, p)) = pending.get_mut(*used) {
+                // Not UDP at all: to the IPv4 socket, which drops and counts it.
+                *v6 = frame::parse_udp(frame).is_ok_and(|i| i.src.is_ipv6());
                 p.clear();
                 p.extend_from_slice(frame);
                 *used += 1;
@@ -247,16 +244,13 @@ impl PacketIo for LocalPeersIo {
             return Ok(n);
         }
         let pending = &self.pending[..self.used];
-        // A frame's family: IPv6 or not (one that is not UDP at all goes to
-        // the IPv4 socket, which drops and counts it).
-        let v6 = |f: &[u8]| frame::parse_udp(f).is_ok_and(|i| i.src.is_ipv6());
         let mut sent = 0;
         for Local { io: local, .. } in &mut self.locals {
             let family = local.local_addr().is_ipv6();
             let frames: Vec<&[u8]> = pending
                 .iter()
-                .map(Vec::as_slice)
-                .filter(|f| v6(f) == family)
+                .filter(|(v6, _)| *v6 == family)
+                .map(|(_, f)| f.as_slice())
                 .collect();
             if !frames.is_empty() {
                 sent += frames.len();
@@ -295,18 +289,6 @@ impl PacketIo for LocalPeersIo {
     fn stats(&self) -> Stats {
         let mut s = self.main.stats();
         s.tx_dropped += self.unsent;
-        self.locals.iter().fold(s, |a, l| {
-            let b = l.io.stats();
-            Stats {
-                rx_frames: a.rx_frames + b.rx_frames,
-                rx_bytes: a.rx_bytes + b.rx_bytes,
-                tx_frames: a.tx_frames + b.tx_frames,
-                tx_bytes: a.tx_bytes + b.tx_bytes,
-                rx_dropped: a.rx_dropped + b.rx_dropped,
-                tx_dropped: a.tx_dropped + b.tx_dropped,
-                tx_ring_full: a.tx_ring_full + b.tx_ring_full,
-                syscalls: a.syscalls + b.syscalls,
-            }
-        })
+        self.locals.iter().fold(s, |a, l| a.plus(&l.io.stats()))
     }
 }

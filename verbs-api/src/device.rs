@@ -384,9 +384,8 @@ fn with_local_peers(
     let binds: Vec<SocketAddr> = [first(false), first(true)].into_iter().flatten().collect();
     // A raw device on `lo` itself gets back what it sends there: a socket
     // beside it would hand it every local frame twice.
-    let wanted = iface.name != "lo"
-        && io.qpn_prefix().is_some()
-        && std::env::var("FERROCE_LOCAL_PEERS").map_or(true, |v| v != "0");
+    let wanted =
+        iface.name != "lo" && std::env::var("FERROCE_LOCAL_PEERS").map_or(true, |v| v != "0");
     let Some((&bind, more)) = binds.split_first().filter(|_| wanted) else {
         return (io, Vec::new());
     };
