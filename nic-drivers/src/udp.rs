@@ -473,8 +473,13 @@ impl UdpIo {
             // without a checksum.)
             r?;
         }
-        // Kernel drop counter (cumulative) on every receive.
-        let _ = sys::setsockopt(raw, libc::SOL_SOCKET, SO_RXQ_OVFL, &one, "SO_RXQ_OVFL");
+        // Kernel drop counter (cumulative) on every receive. Not with
+        // `loopback_only`: the kernel counts the filter's refusals there too
+        // (every wire frame to our port), so `rx_dropped` would report
+        // nearly all of the raw device's traffic as lost.
+        if !cfg.loopback_only {
+            let _ = sys::setsockopt(raw, libc::SOL_SOCKET, SO_RXQ_OVFL, &one, "SO_RXQ_OVFL");
+        }
         for (force, plain, what) in [
             (sys::SO_RCVBUFFORCE, libc::SO_RCVBUF, "SO_RCVBUF"),
             (sys::SO_SNDBUFFORCE, libc::SO_SNDBUF, "SO_SNDBUF"),
