@@ -43,8 +43,9 @@ enum Cmd {
         /// ferroce backends to run inside the VMs.
         #[arg(long, value_delimiter = ',', default_value = "afpacket,udp,afxdp")]
         backends: Vec<String>,
-        /// Iterations: 64 KiB WRITE bw, 1 MiB WRITE bw, 8 B SEND lat.
-        #[arg(long, value_delimiter = ',', default_value = "300,30,300")]
+        /// Iterations: 64 KiB WRITE bw, 1 MiB WRITE bw, 8 B SEND lat. 100 MiB at 1 MiB:
+        /// with 30 a run lasted a third of a second, too short for a steady figure.
+        #[arg(long, value_delimiter = ',', default_value = "300,100,300")]
         iters: Vec<u64>,
         /// Runs per measurement (the best counts).
         #[arg(long, default_value_t = 2)]
