@@ -333,9 +333,18 @@ pub fn bw_receiver(
     Ok(got)
 }
 
+/// perftest's CQ moderation (`DEF_CQ_MOD`): only every 100th send is
+/// signaled, for messages up to `MSG_SIZE_CQ_MOD_LIMIT` (8 KiB); above that
+/// every one is.
+const CQ_MOD: u64 = 100;
+const CQ_MOD_SIZE_LIMIT: u32 = 8192;
+
 /// SEND latency, one side of the ping-pong (perftest send_lat): the client
 /// sends first, each side answers every message it receives. Samples are
-/// half the round trip.
+/// half the round trip. As in perftest, small sends are signaled only every
+/// [`CQ_MOD`]th time (and the last), and a side waits for a signaled send's
+/// completion right after posting it: the others complete with their ACKs,
+/// off the ping-pong's path.
 pub fn send_lat(
     qp: &QueuePair<'_>,
     cq: &CompletionQueue,
@@ -352,9 +361,17 @@ pub fn send_lat(
             sg_list: &recv_sge,
         }])
     };
+    // Unsignaled sends hold their send-queue slots until acknowledged: never
+    // more between two signaled ones than the queue takes.
+    let cq_mod = if size <= CQ_MOD_SIZE_LIMIT {
+        CQ_MOD.min(u64::from(p.tx_depth.max(1)))
+    } else {
+        1
+    };
+    let signaled = |i: u64| (i + 1) % cq_mod == 0 || i + 1 == p.iters;
     let send = |i: u64| {
         let mut wr = SendWr::new(i, SendOp::Send, &send_sge);
-        wr.flags.signaled = true;
+        wr.flags.signaled = signaled(i);
         qp.post_send(&[wr])
     };
     // Completions are counted as they come: a receive may complete in the
@@ -388,21 +405,30 @@ pub fn send_lat(
     post_recv()?;
     post_recv()?;
     let mut lat = Vec::with_capacity(p.iters as usize);
+    let mut want_sends = 0u64;
     let start = Instant::now();
     for i in 0..p.iters {
         let t = Instant::now();
         if client {
             send(i)?;
-            wait_for(i + 1, i + 1)?;
+            if signaled(i) {
+                want_sends += 1;
+                wait_for(i, want_sends)?;
+            }
+            wait_for(i + 1, want_sends)?;
             post_recv()?;
         } else {
-            wait_for(i + 1, i)?;
+            wait_for(i + 1, want_sends)?;
             post_recv()?;
             send(i)?;
+            if signaled(i) {
+                want_sends += 1;
+                wait_for(i + 1, want_sends)?;
+            }
         }
         lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
     }
-    wait_for(p.iters, p.iters)?;
+    wait_for(p.iters, want_sends)?;
     Ok(PerfResult {
         op: PerfOp::Send,
         size,
