@@ -342,7 +342,7 @@ const CQ_MOD_SIZE_LIMIT: u32 = 8192;
 /// SEND latency, one side of the ping-pong (perftest send_lat): the client
 /// sends first, each side answers every message it receives. Samples are
 /// half the round trip. As in perftest, small sends are signaled only every
-/// [`CQ_MOD`]th time (and the last), and a side waits for a signaled send's
+/// 100th time (and the last), and a side waits for a signaled send's
 /// completion right after posting it: the others complete with their ACKs,
 /// off the ping-pong's path.
 pub fn send_lat(
@@ -368,7 +368,7 @@ pub fn send_lat(
     } else {
         1
     };
-    let signaled = |i: u64| (i + 1) % cq_mod == 0 || i + 1 == p.iters;
+    let signaled = |i: u64| (i + 1).is_multiple_of(cq_mod) || i + 1 == p.iters;
     let send = |i: u64| {
         let mut wr = SendWr::new(i, SendOp::Send, &send_sge);
         wr.flags.signaled = signaled(i);
