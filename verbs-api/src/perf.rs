@@ -361,8 +361,8 @@ pub fn send_lat(
             sg_list: &recv_sge,
         }])
     };
-    // Unsignaled sends hold their send-queue slots until acknowledged: never
-    // more between two signaled ones than the queue takes.
+    // An unsignaled send's queue slot is free only once a later signaled
+    // send completes (ibverbs): never more in a row than the queue holds.
     let cq_mod = if size <= CQ_MOD_SIZE_LIMIT {
         CQ_MOD.min(u64::from(p.tx_depth.max(1)))
     } else {
