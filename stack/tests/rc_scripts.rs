@@ -1155,3 +1155,78 @@ fn ack_coalescing_and_periodic_ack_req() {
     assert!(acks <= 4, "{acks} ACKs for 200 packets");
     let _ = (Syndrome::Ack { credits: 0 }, OpKind::Send);
 }
+
+/// Posts an 8-byte WRITE from node 0, signaled or not.
+fn post_write(p: &mut Pair, wr_id: u64, signaled: bool) {
+    let (va, rkey) = p.remote(1, 0);
+    let s = [p.sge(0, 0, 8)];
+    let q = p.qp(0);
+    let mut wr = SendWr::new(
+        wr_id,
+        SendOp::RdmaWrite {
+            remote_addr: va,
+            rkey,
+        },
+        &s,
+    );
+    wr.flags.signaled = signaled;
+    p.net.cores[0].post_send(q, &wr).unwrap();
+}
+
+/// What [`trace`] records: (sending node, opcode, PSN) per frame.
+type Trace = Rc<RefCell<Vec<(usize, Opcode, u32)>>>;
+
+fn acks_from_responder(log: &Trace) -> usize {
+    log.borrow()
+        .iter()
+        .filter(|(s, op, _)| *s == 1 && *op == Opcode::RC_ACKNOWLEDGE)
+        .count()
+}
+
+#[test]
+fn unsignaled_messages_ride_on_a_later_ack() {
+    let mut p = Pair::new(QpType::Rc);
+    let log = trace(&mut p);
+    for i in 0..5 {
+        post_write(&mut p, i, false);
+    }
+    post_write(&mut p, 5, true);
+    p.run();
+    let c = p.scq(0);
+    assert_eq!(c.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![5]);
+    ok(&c);
+    // One ACK for six messages: only the signaled one asked.
+    assert_eq!(acks_from_responder(&log), 1);
+    assert_eq!(p.net.cores[0].stats().timeouts, 0);
+}
+
+#[test]
+fn an_unsignaled_message_asks_for_its_ack_before_the_timeout_would_resend_it() {
+    // Pair's QPs: local ACK time-out 10 (4.096 µs × 2^10, ~4.2 ms).
+    let quarter = timers::local_ack_timeout(10).unwrap() / 4;
+    for (gap, asks) in [(quarter / 4, false), (quarter + quarter / 4, true)] {
+        let mut p = Pair::new(QpType::Rc);
+        let log = trace(&mut p);
+        post_write(&mut p, 0, false);
+        p.net.transmit();
+        // Delivered; no ACK asked for, so none comes.
+        while p.net.next_event().is_some_and(|t| t < p.net.now + gap) && p.net.step() {}
+        assert_eq!(acks_from_responder(&log), 0);
+        p.net.now = p.net.now.max(p.net.now + gap);
+        post_write(&mut p, 1, false);
+        // Out, delivered, and whatever the responder answers out too.
+        p.net.transmit();
+        p.net.step();
+        p.net.transmit();
+        let asked = acks_from_responder(&log) == 1;
+        assert_eq!(asked, asks, "gap {gap:?}");
+        // Either way both complete: the ACK asked for, or (asked too soon to
+        // need it, then nothing more to send) the time-out's resend, which
+        // the responder answers as a duplicate.
+        p.run();
+        assert!(p.scq(0).is_empty());
+        let s = p.net.cores[0].stats();
+        assert_eq!(s.timeouts, u64::from(!asks), "gap {gap:?}");
+        assert_eq!(p.net.cores[0].qp_state(p.qp(0)), Some(QpState::Rts));
+    }
+}

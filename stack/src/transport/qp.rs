@@ -505,6 +505,8 @@ pub(crate) struct ReqState {
     pub rd_atomic: u8,
     /// Packets sent since the last AckReq.
     pub noack_pkts: u32,
+    /// When the oldest of those was sent.
+    pub unrequested_since: Option<Instant>,
     pub retry_cnt: u8,
     pub rnr_retry: u8,
     /// `comp_psn` when the last go-back-N started, until progress is made.

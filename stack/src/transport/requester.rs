@@ -250,7 +250,8 @@ impl Qp {
         }
         repr.bth.opcode = request_opcode(self.qp_type, &op, first, last);
         repr.bth.solicited = last && flags.solicited;
-        let want_ack = last || self.req.noack_pkts + 1 >= ACK_EVERY;
+        let want_ack = (last && self.ack_wanted(&op, flags.signaled, ctx))
+            || self.req.noack_pkts + 1 >= ACK_EVERY;
         repr.bth.ack_req = self.qp_type == QpType::Rc && want_ack;
         repr.ext = ext;
 
@@ -301,11 +302,13 @@ impl Qp {
         }
         ctx.stats.tx_packets += 1;
         ctx.stats.inc(HwCounter::SentPkts);
-        self.req.noack_pkts = if repr.bth.ack_req {
-            0
+        if repr.bth.ack_req {
+            self.req.noack_pkts = 0;
+            self.req.unrequested_since = None;
         } else {
-            self.req.noack_pkts + 1
-        };
+            self.req.noack_pkts += 1;
+            self.req.unrequested_since.get_or_insert(ctx.now);
+        }
         self.req.psn = psn::add(psn_now, consumed);
         let w = self.sq.at_mut(idx);
         if op.is_read_or_atomic() {
@@ -335,6 +338,32 @@ impl Qp {
         Some(frame_len)
     }
 
+    /// Whether a message's last packet asks for an ACK (AckReq). Always for
+    /// READ and atomic requests, a signaled SEND or WRITE (the application
+    /// waits for its completion), and every message of a go-back-N. An
+    /// unsignaled SEND or WRITE completes unseen, so its ACK can wait for a
+    /// later one (an ACK covers every earlier PSN): a ping-pong that moderates
+    /// its send completions, as perftest's `ib_send_lat` does, then moves one
+    /// frame each way per round instead of two (rxe asks on every message).
+    /// It asks all the same once the oldest packet sent without AckReq has
+    /// waited a quarter of the local ACK time-out, so the ACK comes before
+    /// that time-out would resend it. An unsignaled message followed by no
+    /// other leaves its ACK to that time-out (a resend the responder answers
+    /// as a duplicate, C9-105).
+    fn ack_wanted(&self, op: &SendOp, signaled: bool, ctx: &Ctx<'_>) -> bool {
+        if signaled || self.sq_sig_all || op.is_read_or_atomic() || self.req.retry_psn.is_some() {
+            return true;
+        }
+        match (
+            self.req.unrequested_since,
+            local_ack_timeout(self.attr.timeout),
+        ) {
+            (Some(since), Some(t)) => ctx.now >= since + t / 4,
+            // Nothing waiting, or no time-out (0: wait for ever) to beat.
+            _ => false,
+        }
+    }
+
     /// Go back to the oldest unacknowledged PSN and resend from there
     /// (rxe: rxe_req.c req_retry). A WQE cut in the middle restarts at the
     /// packet holding that PSN; a READ restarts as a shorter READ.
@@ -344,6 +373,7 @@ impl Qp {
         self.req.psn = comp;
         self.req.retry_psn = Some(comp);
         self.req.noack_pkts = 0;
+        self.req.unrequested_since = None;
         let mut i = self.sq.head;
         let mut first = None;
         while i < self.sq.tail {
