@@ -1198,6 +1198,28 @@ fn unsignaled_messages_ride_on_a_later_ack() {
     // One ACK for six messages: only the signaled one asked.
     assert_eq!(acks_from_responder(&log), 1);
     assert_eq!(p.net.cores[0].stats().timeouts, 0);
+
+    // A QP allowed no retry cannot leave an ACK to the time-out: every message asks.
+    let cfg = ConnectCfg {
+        retry_cnt: 0,
+        ..ConnectCfg::default()
+    };
+    let mut p = Pair::with(
+        QpType::Rc,
+        LinkConfig::perfect(),
+        1,
+        cfg,
+        1 << 20,
+        1,
+        (100, 5000),
+    );
+    let log = trace(&mut p);
+    for i in 0..3 {
+        post_write(&mut p, i, false);
+    }
+    p.run();
+    assert_eq!(acks_from_responder(&log), 3);
+    assert_eq!(p.net.cores[0].qp_state(p.qp(0)), Some(QpState::Rts));
 }
 
 #[test]

@@ -349,9 +349,14 @@ impl Qp {
     /// waited a quarter of the local ACK time-out, so the ACK comes before
     /// that time-out would resend it. An unsignaled message followed by no
     /// other leaves its ACK to that time-out (a resend the responder answers
-    /// as a duplicate, C9-105).
+    /// as a duplicate, C9-105), so a QP allowed no retry asks every time.
     fn ack_wanted(&self, op: &SendOp, signaled: bool, ctx: &Ctx<'_>) -> bool {
-        if signaled || self.sq_sig_all || op.is_read_or_atomic() || self.req.retry_psn.is_some() {
+        if signaled
+            || self.sq_sig_all
+            || op.is_read_or_atomic()
+            || self.req.retry_psn.is_some()
+            || self.attr.retry_cnt == 0
+        {
             return true;
         }
         match (
