@@ -158,6 +158,15 @@ fn bind_for(main: &dyn PacketIo, cfg: UdpConfig) -> Result<UdpIo, NicError> {
         share_port: true,
         share_prefix: Some(prefix),
         loopback_only: true,
+        // Not UDP_GRO: GRO looks a wire frame's socket up by address, and a
+        // GRO socket on the interface's address made the kernel coalesce the
+        // raw device's own stream (back-to-back frames of one flow) into
+        // super-frames, which Linux before 6.2 cannot hand an AF_PACKET
+        // socket with PACKET_VNET_HDR (no UDP_L4 in virtio_net_hdr_from_skb)
+        // and drops: in a Debian 12 VM, 94 % of a UDP GSO sender's frames
+        // were lost. Over `lo` nothing is coalesced; a local GSO send
+        // is cut by the kernel for a socket without GRO.
+        gro: false,
         mac: main.mac(),
         max_frame_len: main.max_frame_len(),
         ..cfg

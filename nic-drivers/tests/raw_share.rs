@@ -210,6 +210,11 @@ fn a_raw_device_reaches_local_peers_through_its_socket() {
         .unwrap();
     let (pr, pu) = (raw.qpn_prefix().unwrap(), udp.qpn_prefix().unwrap());
     assert_ne!(pr, pu, "raw and UDP devices took one prefix");
+    // GRO finds a wire frame's socket by address: with UDP_GRO on this one,
+    // Linux before 6.2 coalesced the raw device's own back-to-back frames and
+    // then dropped the super-frames at the AF_PACKET ring.
+    let sock = raw.second_poll_fd().expect("the local peers' socket");
+    assert_eq!(udp_gro(sock), 0, "UDP_GRO on the local peers' socket");
     const N: u32 = 30;
     let mut tx = sender(&t);
     send_to_prefixes(&mut tx, &[pr], N, eb, ea);
@@ -239,4 +244,27 @@ fn a_raw_device_reaches_local_peers_through_its_socket() {
         want(pu, N),
         "from the raw device"
     );
+}
+
+/// The socket's UDP_GRO setting (linux/udp.h: 104).
+fn udp_gro(fd: std::os::fd::RawFd) -> libc::c_int {
+    let mut v: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: v and len are live locals of the sizes the kernel is told.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_UDP,
+            104,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "getsockopt(UDP_GRO): {}",
+        std::io::Error::last_os_error()
+    );
+    v
 }
