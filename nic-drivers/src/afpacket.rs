@@ -80,15 +80,24 @@ const T2_MAC: usize = 12;
 const T2_VLAN_TCI: usize = 24;
 const T2_VLAN_TPID: usize = 26;
 const T2_DATA: usize = 32;
-/// V2 RX slot size: a 9 KB frame plus the tpacket2 header and sockaddr_ll.
-const V2_RX_FRAME: usize = 16384;
+/// V2 RX slot size: the largest RoCE v2 frame (path MTU 4096 with IPv6,
+/// RETH and ImmDt: 4198 bytes) behind the slot's headers (76 bytes with
+/// PACKET_VNET_HDR), rounded up to TPACKET_ALIGNMENT (16). A larger frame (a
+/// GSO super-frame, a jumbo datagram to the port) comes whole through the
+/// socket (PACKET_COPY_THRESH). Small slots make a deep ring: 16 MiB holds
+/// 3840, where 1024 slots of 16 KiB overflowed while a descheduled receiver
+/// slept through a UD burst (perftest's `ib_send_bw -c UD` on a loaded host
+/// lost frames and hung).
+const V2_RX_FRAME: usize = 4352;
+/// Receive buffer for frames larger than a V2 slot (see `V2_RX_FRAME`).
+const V2_COPY_BUFFER: usize = 8 << 20;
 
 /// RX ring layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RxRing {
     /// TPACKET_V3: variable-size frames packed in blocks.
     V3,
-    /// TPACKET_V2: fixed 16 KiB slots, one frame each.
+    /// TPACKET_V2: fixed slots of 4352 bytes, one frame each.
     V2,
 }
 
@@ -561,6 +570,16 @@ impl AfPacketIo {
                 &one,
                 "PACKET_COPY_THRESH",
             )?;
+            // Those whole frames count against the receive buffer: room for
+            // a burst of jumbo frames (the default ~208 KiB held 25 of 8000
+            // bytes). Forced past rmem_max where the capability allows.
+            sys::set_socket_buffer(
+                rx,
+                sys::SO_RCVBUFFORCE,
+                libc::SO_RCVBUF,
+                V2_COPY_BUFFER,
+                "SO_RCVBUF",
+            );
         }
         // The ring must hold a 9 KB frame plus its header in one block; V3
         // also cuts frames at tp_frame_size, and a GSO super-frame (see
@@ -753,10 +772,14 @@ impl AfPacketIo {
 
     /// TPACKET_V2 receive: one frame per slot, slots in ring order.
     fn recv_v2(&mut self, max: usize, sink: &mut RxSink<'_>) -> usize {
-        let slots = self.rx_ring.len / V2_RX_FRAME;
+        // The kernel puts whole slots in each block; a block's tail that
+        // holds no whole slot stays unused.
+        let bs = self.cfg.rx_block_size;
+        let per_block = bs / V2_RX_FRAME;
+        let slots = per_block * self.cfg.rx_blocks;
         let mut n = 0;
         while n < max && slots > 0 {
-            let hdr = self.rx_block * V2_RX_FRAME;
+            let hdr = self.rx_block / per_block * bs + self.rx_block % per_block * V2_RX_FRAME;
             let status = self.rx_ring.read_u32(hdr + T2_STATUS);
             if status & TP_STATUS_USER == 0 {
                 break;
