@@ -152,6 +152,16 @@ pub fn unavailable_reason() -> Option<String> {
     None
 }
 
+/// Why a test cannot boot VMs here ([`unavailable_reason`], or the image build failing), or
+/// `None`; tests print it after `SKIP <test>: ` and return.
+pub fn skip_reason() -> Option<String> {
+    unavailable_reason().or_else(|| {
+        crate::image::Image::build_default()
+            .err()
+            .map(|e| format!("cannot build the VM image: {e}"))
+    })
+}
+
 /// Effective uid 0, read from /proc (no libc: this crate forbids unsafe code).
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
@@ -260,6 +270,16 @@ impl Output {
     /// Standard error as (lossy) UTF-8.
     pub fn stderr_str(&self) -> String {
         String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+
+    /// Status and both outputs under a title, for a failed assertion's message.
+    pub fn describe(&self, what: &str) -> String {
+        format!(
+            "{what}: status {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.status,
+            self.stdout_str(),
+            self.stderr_str()
+        )
     }
 
     /// `Ok(self)` on success, else [`Error::Failed`] carrying both outputs.

@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 use ferroce_interop::host::{coll_bench_bin, HostJob};
 use ferroce_interop::matrix::{write_section, Row, Verdict};
 use ferroce_interop::vm::{self, Output, RxeLab};
-use ferroce_interop::Image;
 
 const MASTER_PORT: u16 = 29531;
 /// The host side's second address (rank 2), on `veth-h` next to the lab's 10.77.0.1.
@@ -131,12 +130,8 @@ fn rows(out: &str) -> Vec<(u64, u64)> {
 #[test]
 fn mixed_ferroce_rxe_allreduce_4_ranks() {
     let test = "mixed_ferroce_rxe_allreduce_4_ranks";
-    if let Some(why) = vm::unavailable_reason() {
+    if let Some(why) = vm::skip_reason() {
         eprintln!("SKIP {test}: {why}");
-        return;
-    }
-    if let Err(e) = Image::build_default() {
-        eprintln!("SKIP {test}: cannot build the VM image: {e}");
         return;
     }
     let bench = match coll_bench_bin() {

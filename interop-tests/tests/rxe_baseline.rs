@@ -12,18 +12,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ferroce_interop::vm::{self, Output, RxeLab, RxeVm};
-use ferroce_interop::Image;
 
 /// Largest committed capture.
 const MAX_CAPTURE_BYTES: u64 = 200 * 1024;
 
 fn lab_or_skip(n: usize) -> Option<RxeLab> {
-    if let Some(why) = vm::unavailable_reason() {
+    if let Some(why) = vm::skip_reason() {
         eprintln!("SKIP rxe VM test: {why}");
-        return None;
-    }
-    if let Err(e) = Image::build_default() {
-        eprintln!("SKIP rxe VM test: cannot build the VM image: {e}");
         return None;
     }
     let lab = RxeLab::new(n).unwrap();
@@ -39,15 +34,6 @@ fn lab_or_skip(n: usize) -> Option<RxeLab> {
 
 fn captures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("captures")
-}
-
-fn show(what: &str, out: &Output) -> String {
-    format!(
-        "{what}: status {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-        out.status,
-        out.stdout_str(),
-        out.stderr_str()
-    )
 }
 
 /// Runs `server` in vm1 and `client` (with `{server}` replaced by vm1's address) in vm0, capturing
@@ -74,8 +60,8 @@ fn pair(lab: &RxeLab, capture: &str, server: &str, client: &str) -> (Output, Out
         stats.captured,
         stats.dropped
     );
-    assert!(srv_out.success(), "{}", show(server, &srv_out));
-    assert!(cli_out.success(), "{}", show(&client, &cli_out));
+    assert!(srv_out.success(), "{}", srv_out.describe(server));
+    assert!(cli_out.success(), "{}", cli_out.describe(&client));
     let opcodes = check_pcap(&pcap);
     if std::env::var_os("FERROCE_UPDATE_CAPTURES").is_some() {
         let size = std::fs::metadata(&pcap).unwrap().len();
