@@ -102,6 +102,14 @@ fn rxe_to_rxe_baselines() {
     // The same over the IPv6 GID (RoCE v2 in IPv6: another ICRC mask), at path MTU 4096.
     let gid6 = ipv6_gid_index(lab.vm(1));
     assert_eq!(gid6, ipv6_gid_index(lab.vm(0)));
+    // rxe looks the peer's MAC up when a QP goes to RTR and gives up if the neighbour is not
+    // resolved within its wait; IPv6 neighbour discovery between two TCG guests on a loaded
+    // host once took longer ("Failed to modify QP to RTR" in CI), so both entries come first.
+    for (from, to) in [(0, 1), (1, 0)] {
+        let ping = format!("ping -6 -c 1 -W 10 {}", lab.vm(to).ipv6());
+        let out = lab.vm(from).run(&ping).expect("ping between the VMs");
+        assert!(out.success(), "{}", out.describe(&ping));
+    }
     let (_, _, ops) = pair(
         &lab,
         "rxe-rc-send-ipv6",
