@@ -65,22 +65,13 @@ fn pair(link: LinkConfig, seed: u64, k: u32) -> Pair {
     Pair { net, nodes }
 }
 
-fn signaled_write(p: &mut Pair, wr_id: u64, off: u64, len: u32) {
-    let (remote_addr, rkey) = p.remote(1, off);
-    let s = [p.sge(0, off, len)];
-    let mut wr = SendWr::new(wr_id, SendOp::RdmaWrite { remote_addr, rkey }, &s);
-    wr.flags.signaled = true;
-    let q = p.qp(0);
-    p.net.cores[0].post_send(q, &wr).unwrap();
-}
-
 #[test]
 fn one_ack_covers_k_writes() {
     let mut p = pair(LinkConfig::perfect(), 1, 4);
     let data = pattern(7, 8 * 64);
     p.write_mem(0, 0, &data);
     for i in 0..8u64 {
-        signaled_write(&mut p, i, i * 64, 64);
+        p.post_write(i, i * 64, 64, true);
         // One at a time (one step: send and deliver it), so the responder
         // cannot fold them into one ACK without holding back.
         assert!(p.net.step());
@@ -105,7 +96,7 @@ fn a_lone_held_back_ack_goes_out_after_the_delay() {
     let mut p = pair(LinkConfig::perfect(), 2, 4);
     p.write_mem(0, 0, b"hello");
     let t0 = p.net.now;
-    signaled_write(&mut p, 9, 0, 5);
+    p.post_write(9, 0, 5, true);
     while p.net.cores[0].cq_len(p.nodes[0].scq) == 0 {
         assert!(p.net.step(), "nothing left to do and no completion");
     }
@@ -135,7 +126,7 @@ fn a_nak_goes_out_after_the_held_back_ack() {
     let data = pattern(3, 3 * 32);
     p.write_mem(0, 0, &data);
     for i in 0..3u64 {
-        signaled_write(&mut p, i, i * 32, 32);
+        p.post_write(i, i * 32, 32, true);
     }
     p.run();
     let wcs = p.scq(0);
@@ -205,7 +196,7 @@ fn off_by_default_every_write_is_acked_at_once() {
     let mut p = Pair::new(QpType::Rc);
     p.write_mem(0, 0, &pattern(1, 8 * 64));
     for i in 0..8u64 {
-        signaled_write(&mut p, i, i * 64, 64);
+        p.post_write(i, i * 64, 64, true);
         assert!(p.net.step());
     }
     p.run();
@@ -227,7 +218,7 @@ fn a_held_back_ack_never_lets_the_requester_window_fill() {
     p.write_mem(0, 0, &data);
     let t0 = p.net.now;
     for i in 0..4u64 {
-        signaled_write(&mut p, i, i * len as u64, len as u32);
+        p.post_write(i, i * len as u64, len as u32, true);
     }
     while p.net.cores[0].cq_len(p.nodes[0].scq) < 4 {
         assert!(p.net.step(), "nothing left to do and no completion");

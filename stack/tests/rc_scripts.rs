@@ -628,7 +628,10 @@ fn duplicate_atomic_returns_saved_result_and_runs_once() {
 }
 
 /// Records which opcodes each node sent, in order.
-fn trace(p: &mut Pair) -> Rc<RefCell<Vec<(usize, Opcode, u32)>>> {
+/// What [`trace`] records: (sending node, opcode, PSN) per frame.
+type Trace = Rc<RefCell<Vec<(usize, Opcode, u32)>>>;
+
+fn trace(p: &mut Pair) -> Trace {
     let log = Rc::new(RefCell::new(Vec::new()));
     let l2 = log.clone();
     p.net.drop_if = Some(Box::new(move |src, _, r| {
@@ -1156,26 +1159,6 @@ fn ack_coalescing_and_periodic_ack_req() {
     let _ = (Syndrome::Ack { credits: 0 }, OpKind::Send);
 }
 
-/// Posts an 8-byte WRITE from node 0, signaled or not.
-fn post_write(p: &mut Pair, wr_id: u64, signaled: bool) {
-    let (va, rkey) = p.remote(1, 0);
-    let s = [p.sge(0, 0, 8)];
-    let q = p.qp(0);
-    let mut wr = SendWr::new(
-        wr_id,
-        SendOp::RdmaWrite {
-            remote_addr: va,
-            rkey,
-        },
-        &s,
-    );
-    wr.flags.signaled = signaled;
-    p.net.cores[0].post_send(q, &wr).unwrap();
-}
-
-/// What [`trace`] records: (sending node, opcode, PSN) per frame.
-type Trace = Rc<RefCell<Vec<(usize, Opcode, u32)>>>;
-
 fn acks_from_responder(log: &Trace) -> usize {
     log.borrow()
         .iter()
@@ -1188,9 +1171,9 @@ fn unsignaled_messages_ride_on_a_later_ack() {
     let mut p = Pair::new(QpType::Rc);
     let log = trace(&mut p);
     for i in 0..5 {
-        post_write(&mut p, i, false);
+        p.post_write(i, 0, 8, false);
     }
-    post_write(&mut p, 5, true);
+    p.post_write(5, 0, 8, true);
     p.run();
     let c = p.scq(0);
     assert_eq!(c.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![5]);
@@ -1204,18 +1187,10 @@ fn unsignaled_messages_ride_on_a_later_ack() {
         retry_cnt: 0,
         ..ConnectCfg::default()
     };
-    let mut p = Pair::with(
-        QpType::Rc,
-        LinkConfig::perfect(),
-        1,
-        cfg,
-        1 << 20,
-        1,
-        (100, 5000),
-    );
+    let mut p = Pair::with_connect(QpType::Rc, cfg);
     let log = trace(&mut p);
     for i in 0..3 {
-        post_write(&mut p, i, false);
+        p.post_write(i, 0, 8, false);
     }
     p.run();
     assert_eq!(acks_from_responder(&log), 3);
@@ -1229,13 +1204,13 @@ fn an_unsignaled_message_asks_for_its_ack_before_the_timeout_would_resend_it() {
     for (gap, asks) in [(quarter / 4, false), (quarter + quarter / 4, true)] {
         let mut p = Pair::new(QpType::Rc);
         let log = trace(&mut p);
-        post_write(&mut p, 0, false);
+        p.post_write(0, 0, 8, false);
         p.net.transmit();
         // Delivered; no ACK asked for, so none comes.
         while p.net.next_event().is_some_and(|t| t < p.net.now + gap) && p.net.step() {}
         assert_eq!(acks_from_responder(&log), 0);
         p.net.now = p.net.now.max(p.net.now + gap);
-        post_write(&mut p, 1, false);
+        p.post_write(1, 0, 8, false);
         // Out, delivered, and whatever the responder answers out too.
         p.net.transmit();
         p.net.step();

@@ -97,15 +97,12 @@ impl Pair {
     }
 
     pub fn new(t: QpType) -> Pair {
-        Pair::with(
-            t,
-            LinkConfig::perfect(),
-            1,
-            ConnectCfg::default(),
-            1 << 20,
-            1,
-            (100, 5000),
-        )
+        Pair::with_connect(t, ConnectCfg::default())
+    }
+
+    /// [`Pair::new`] with other connection attributes.
+    pub fn with_connect(t: QpType, cfg: ConnectCfg) -> Pair {
+        Pair::with(t, LinkConfig::perfect(), 1, cfg, 1 << 20, 1, (100, 5000))
     }
 
     pub fn qp(&self, node: usize) -> u32 {
@@ -151,6 +148,16 @@ impl Pair {
     ) -> Result<(), VerbsError> {
         let q = self.qp(node);
         self.net.cores[node].post_send(q, &SendWr::new(wr_id, op, sges))
+    }
+    /// Posts a WRITE of `len` bytes at `off` of node 0's region to the same
+    /// offset of node 1's, signaled or not.
+    pub fn post_write(&mut self, wr_id: u64, off: u64, len: u32, signaled: bool) {
+        let (remote_addr, rkey) = self.remote(1, off);
+        let s = [self.sge(0, off, len)];
+        let mut wr = SendWr::new(wr_id, SendOp::RdmaWrite { remote_addr, rkey }, &s);
+        wr.flags.signaled = signaled;
+        let q = self.qp(0);
+        self.net.cores[0].post_send(q, &wr).unwrap();
     }
     pub fn run(&mut self) {
         self.net.run_idle(std::time::Duration::from_secs(30));
