@@ -726,20 +726,8 @@ fn fence_waits_for_earlier_read() {
 #[test]
 fn unsignaled_wrs_complete_silently() {
     let mut p = Pair::new(QpType::Rc);
-    let (va, rkey) = p.remote(1, 0);
-    let s = [p.sge(0, 0, 8)];
-    let q = p.qp(0);
     for i in 0..5 {
-        let mut wr = SendWr::new(
-            i,
-            SendOp::RdmaWrite {
-                remote_addr: va,
-                rkey,
-            },
-            &s,
-        );
-        wr.flags.signaled = i == 4;
-        p.net.cores[0].post_send(q, &wr).unwrap();
+        p.post_write(i, 0, 8, i == 4);
     }
     p.run();
     let c = p.scq(0);
