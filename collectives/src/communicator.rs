@@ -298,14 +298,24 @@ impl<'t> Communicator<'t> {
     /// element-wise order as receiving into a temporary and then calling
     /// `reduce_upper` / `reduce_lower`, but the transport may fold each
     /// chunk as it lands. `send` and `recv` must not overlap.
+    ///
+    /// With `local`, this rank's operand is `local` (as long as `recv`)
+    /// instead of what `recv` holds: each arriving chunk is folded with its
+    /// part of `local` and written to `recv`, which saves an out-of-place
+    /// collective a pass over the whole vector to copy it in first.
     pub(crate) fn sendrecv_fold<T: Element>(
         &self,
         send: (usize, &[T]),
         recv: (usize, &mut [T]),
+        local: Option<&[T]>,
         op: ReduceOp,
         incoming_first: bool,
     ) -> Result<()> {
         let n = self.size();
+        if let Some(l) = local {
+            Self::check_len("local operand", l.len(), recv.1.len())?;
+        }
+        let local = local.map(bytes);
         let world = |r: usize| {
             self.members
                 .get(r)
@@ -314,7 +324,13 @@ impl<'t> Communicator<'t> {
         };
         let sends = [(world(send.0)?, bytes(send.1))];
         let mut recvs = [(world(recv.0)?, bytes_mut(recv.1))];
-        let mut fold = |dst: &mut [u8], src: &[u8]| fold_bytes::<T>(op, incoming_first, dst, src);
+        let mut fold = |at: usize, dst: &mut [u8], src: &[u8]| {
+            // A chunk's worth, still in cache when the fold reads it back.
+            if let Some(l) = local.and_then(|l| l.get(at..at + dst.len())) {
+                dst.copy_from_slice(l);
+            }
+            fold_bytes::<T>(op, incoming_first, dst, src)
+        };
         self.transport.borrow_mut().exchange_fold(
             &sends,
             &mut recvs,
@@ -453,9 +469,21 @@ impl<'t> Communicator<'t> {
         }
     }
 
-    /// Allreduce out of place.
+    /// Allreduce out of place. The ring, and Rabenseifner's algorithm on a
+    /// power-of-two rank count, read `send` where they first need this
+    /// rank's operand; the others start from a copy of it in `recv`. Either
+    /// way the result is the in-place one, bit for bit.
     pub fn allreduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
         Self::check_len("allreduce receive buffer", recv.len(), send.len())?;
+        if !send.is_empty() && self.size() > 1 {
+            match self.allreduce_algo_for(std::mem::size_of_val(send), send.len()) {
+                AllreduceAlgo::Ring => return self.allreduce_ring(recv, Some(send), op),
+                AllreduceAlgo::Rabenseifner if self.size().is_power_of_two() => {
+                    return self.allreduce_rabenseifner(recv, Some(send), op)
+                }
+                _ => {}
+            }
+        }
         recv.copy_from_slice(send);
         self.allreduce_in_place(recv, op)
     }
@@ -488,8 +516,8 @@ impl<'t> Communicator<'t> {
             return Ok(());
         }
         match self.allreduce_algo_for(std::mem::size_of_val(buf), buf.len()) {
-            AllreduceAlgo::Ring => self.allreduce_ring(buf, op),
-            AllreduceAlgo::Rabenseifner => self.allreduce_rabenseifner(buf, op),
+            AllreduceAlgo::Ring => self.allreduce_ring(buf, None, op),
+            AllreduceAlgo::Rabenseifner => self.allreduce_rabenseifner(buf, None, op),
             _ => self.allreduce_recursive_doubling(buf, op),
         }
     }
@@ -550,7 +578,7 @@ impl<'t> Communicator<'t> {
         }
         let blocks: Vec<Range<usize>> = (0..n).map(|i| i * c..(i + 1) * c).collect();
         if n > 1 {
-            self.ring_reduce_scatter(buf, &blocks, op)?;
+            self.ring_reduce_scatter(buf, None, &blocks, op)?;
         }
         crate::dtype::finish(op, &mut buf[blocks[self.rank].clone()], n);
         Ok(())

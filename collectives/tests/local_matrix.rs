@@ -198,14 +198,18 @@ fn split_groups_by_color_and_key() {
     }
 }
 
+/// In place and out of place too: the out-of-place ring and (on 4 ranks)
+/// Rabenseifner fold `send` in where the in-place ones read the buffer.
 #[test]
 fn floats_are_deterministic_and_equal_on_every_rank() {
-    for algo in [
-        AllreduceAlgo::Ring,
-        AllreduceAlgo::RecursiveDoubling,
-        AllreduceAlgo::Rabenseifner,
+    for (algo, n) in [
+        (AllreduceAlgo::Ring, 7),
+        (AllreduceAlgo::Ring, 4),
+        (AllreduceAlgo::RecursiveDoubling, 7),
+        (AllreduceAlgo::Rabenseifner, 7),
+        (AllreduceAlgo::Rabenseifner, 4),
     ] {
-        let res = run(Fabric::Local, 7, cfg(), |c| {
+        let res = run(Fabric::Local, n, cfg(), |c| {
             let mut c = c.split(0, 0)?;
             c.set_algorithms(Algorithms {
                 allreduce: algo,
@@ -217,16 +221,22 @@ fn floats_are_deterministic_and_equal_on_every_rank() {
                 .collect();
             let mut a = x.clone();
             c.allreduce_in_place(&mut a, ferroce_collectives::ReduceOp::Sum)?;
-            let mut b = x;
-            c.allreduce_in_place(&mut b, ferroce_collectives::ReduceOp::Sum)?;
+            // Out of place, into a buffer holding something else.
+            let mut b = vec![f32::NAN; x.len()];
+            c.allreduce(&x, &mut b, ferroce_collectives::ReduceOp::Sum)?;
             Ok((a, b))
         })
         .unwrap();
         let (a0, _) = res[0].as_ref().unwrap().clone();
         for x in &res {
             let (a, b) = x.as_ref().unwrap();
-            assert_eq!(a, b, "{algo:?}: same inputs, different bits");
-            assert_eq!(a, &a0, "{algo:?}: ranks disagree");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(a),
+                bits(b),
+                "{algo:?}, {n} ranks: in and out of place differ"
+            );
+            assert_eq!(a, &a0, "{algo:?}, {n} ranks: ranks disagree");
         }
     }
 }

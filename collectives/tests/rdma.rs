@@ -255,16 +255,26 @@ fn folding_chunks_on_arrival_gives_the_same_bits() {
                 let mut a: Vec<f32> = (0..100_003usize)
                     .map(|i| ((i * 2654435761 + c.rank() * 97) % 100_003) as f32 / 7.3e3 - 6.0)
                     .collect();
+                // Out of place as well: then each chunk is folded with its
+                // part of `a` on arrival and lands in `b`.
+                let mut b = vec![f32::NAN; a.len()];
+                c.allreduce(&a, &mut b, ReduceOp::Sum)?;
                 c.allreduce_in_place(&mut a, ReduceOp::Sum)?;
-                Ok(a)
+                Ok((a, b))
             };
             let want = run(Fabric::Local, n, cfg(), body).unwrap();
             let got = run(Fabric::Mem, n, cfg(), body).unwrap();
             for (r, (g, w)) in got.into_iter().zip(want).enumerate() {
-                let (g, w) = (g.unwrap(), w.unwrap());
+                let ((g, g_out), (w, w_out)) = (g.unwrap(), w.unwrap());
+                let same =
+                    |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(
-                    g.iter().zip(&w).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    same(&g, &w),
                     "{algo:?}, {n} ranks, rank {r}: bits differ from whole-message folding"
+                );
+                assert!(
+                    same(&g_out, &w) && same(&w_out, &w),
+                    "{algo:?}, {n} ranks, rank {r}: out of place differs from in place"
                 );
             }
         }

@@ -16,13 +16,23 @@ use crate::dtype::{finish, Element, ReduceOp};
 use crate::error::Result;
 
 impl Communicator<'_> {
+    /// Allreduce into `buf`, in place, or of `src` (as long as `buf`) on a
+    /// power-of-two rank count (no fold-in step, which would need the
+    /// vector in `buf`): the first halving step reads this rank's operand
+    /// from `src` and every later one works in `buf`.
     pub(crate) fn allreduce_rabenseifner<T: Element>(
         &self,
         buf: &mut [T],
+        src: Option<&[T]>,
         op: ReduceOp,
     ) -> Result<()> {
         let n = self.size();
         let fold = Fold::new(n, self.rank());
+        if src.is_some() && fold.p != n {
+            return Err(crate::error::Error::Invalid(format!(
+                "out-of-place Rabenseifner on {n} ranks (not a power of two)"
+            )));
+        }
         let Some(vr) = fold.fold_in(self, buf, op)? else {
             return Ok(());
         };
@@ -42,8 +52,18 @@ impl Communicator<'_> {
             };
             // Folded in as it arrives; the lower virtual rank's partial
             // always goes on the left.
-            let (snd, acc) = split_pair(buf, give, keep);
-            self.sendrecv_fold((real(vp), snd), (real(vp), acc), op, vp < vr)?;
+            match src {
+                // First step: both halves still only in `src`.
+                Some(src) if mask == p / 2 => {
+                    let (snd, acc) = (&src[give], &mut buf[keep.clone()]);
+                    let local = Some(&src[keep]);
+                    self.sendrecv_fold((real(vp), snd), (real(vp), acc), local, op, vp < vr)?;
+                }
+                _ => {
+                    let (snd, acc) = split_pair(buf, give, keep);
+                    self.sendrecv_fold((real(vp), snd), (real(vp), acc), None, op, vp < vr)?;
+                }
+            }
             if vr & mask == 0 {
                 hi = mid;
             } else {

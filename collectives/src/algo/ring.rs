@@ -13,9 +13,12 @@ use crate::error::Result;
 
 impl Communicator<'_> {
     /// After this, `buf[blocks[rank]]` holds the reduction of every rank's block `rank`.
+    /// This rank's vector is `src` if given (`buf` is then only written:
+    /// each step folds a block this rank has not touched before), else `buf`.
     pub(crate) fn ring_reduce_scatter<T: Element>(
         &self,
         buf: &mut [T],
+        src: Option<&[T]>,
         blocks: &[Range<usize>],
         op: ReduceOp,
     ) -> Result<()> {
@@ -29,8 +32,23 @@ impl Communicator<'_> {
             }
             // The incoming partial covers the ranks before us in the fold;
             // it is folded in chunk by chunk as it arrives.
-            let (snd, acc) = split_pair(buf, sb, rb);
-            self.sendrecv_fold((right, snd), (left, acc), op, true)?;
+            match src {
+                // Step 0 sends this rank's own block; later steps the one
+                // folded the step before (now in `buf`).
+                Some(src) if s == 0 => {
+                    let (snd, acc) = (&src[sb], &mut buf[rb.clone()]);
+                    self.sendrecv_fold((right, snd), (left, acc), Some(&src[rb]), op, true)?;
+                }
+                Some(src) => {
+                    let local = &src[rb.clone()];
+                    let (snd, acc) = split_pair(buf, sb, rb);
+                    self.sendrecv_fold((right, snd), (left, acc), Some(local), op, true)?;
+                }
+                None => {
+                    let (snd, acc) = split_pair(buf, sb, rb);
+                    self.sendrecv_fold((right, snd), (left, acc), None, op, true)?;
+                }
+            }
         }
         Ok(())
     }
@@ -55,10 +73,16 @@ impl Communicator<'_> {
         Ok(())
     }
 
-    pub(crate) fn allreduce_ring<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+    /// Allreduce into `buf`, of `src` if given (as long as `buf`), else in place.
+    pub(crate) fn allreduce_ring<T: Element>(
+        &self,
+        buf: &mut [T],
+        src: Option<&[T]>,
+        op: ReduceOp,
+    ) -> Result<()> {
         let n = self.size();
         let blocks: Vec<Range<usize>> = (0..n).map(|i| block(buf.len(), n, i)).collect();
-        self.ring_reduce_scatter(buf, &blocks, op)?;
+        self.ring_reduce_scatter(buf, src, &blocks, op)?;
         finish(op, &mut buf[blocks[self.rank()].clone()], n);
         self.ring_allgather(buf, &blocks)
     }

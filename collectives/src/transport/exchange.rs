@@ -347,7 +347,10 @@ impl<L: Link> Exchange<L> {
                         None => self
                             .link
                             .with_slot(j, slot, want, |src| copy_bytes(dst, src)),
-                        Some(f) => self.link.with_slot(j, slot, want, |src| f(dst, src)),
+                        Some(f) => {
+                            let at = recv_off[k];
+                            self.link.with_slot(j, slot, want, |src| f(at, dst, src))
+                        }
                     }?;
                     p.consumed += 1;
                     p.unreported += 1;

@@ -26,8 +26,9 @@ pub(crate) mod wire;
 pub type SendSpec<'a> = (usize, &'a [u8]);
 /// One receive: (world rank, buffer of exactly the expected length).
 pub type RecvSpec<'a> = (usize, &'a mut [u8]);
-/// Combines incoming bytes into a receive buffer: `fold(dst, incoming)`.
-pub type Fold<'a> = &'a mut dyn FnMut(&mut [u8], &[u8]);
+/// Combines incoming bytes into a receive buffer: `fold(at, dst, incoming)`,
+/// where `dst` is bytes `at..` of the receive buffer.
+pub type Fold<'a> = &'a mut dyn FnMut(usize, &mut [u8], &[u8]);
 
 /// An ordered, reliable byte-message transport between the ranks of a world.
 pub trait Transport {
@@ -38,7 +39,7 @@ pub trait Transport {
     fn exchange(&mut self, sends: &[SendSpec<'_>], recvs: &mut [RecvSpec<'_>]) -> Result<()>;
 
     /// [`exchange`](Transport::exchange), but each incoming message is
-    /// combined into its receive buffer by `fold(dst, incoming)` (equal
+    /// combined into its receive buffer by `fold(at, dst, incoming)` (equal
     /// lengths) instead of overwriting it. A transport may call `fold` piece
     /// by piece as data arrives, each piece starting at a multiple of
     /// `align` bytes into the message; folds are element-wise, so the
@@ -72,7 +73,7 @@ pub(crate) fn exchange_fold_whole<T: Transport + ?Sized>(
         .collect();
     t.exchange(sends, &mut specs)?;
     for ((_, b), t) in recvs.iter_mut().zip(&tmps) {
-        fold(b, t);
+        fold(0, b, t);
     }
     Ok(())
 }
