@@ -972,6 +972,35 @@ fn perftest_extra(o: &Outcome) -> Result<String, String> {
     Ok(check)
 }
 
+/// [`perftest_extra`], and both sides printed the same two-way sum: a
+/// bidirectional run's reports crossed.
+fn perftest_bidi_extra(o: &Outcome) -> Result<String, String> {
+    let check = perftest_extra(o)?;
+    // The BW average column of the last results line (`#bytes #iterations peak avg rate`).
+    let avg = |text: &str| {
+        text.lines().rev().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 5 && f[0].parse::<u64>().is_ok() && f[1].parse::<u64>().is_ok())
+                .then(|| f[3].parse::<f64>().ok())
+                .flatten()
+        })
+    };
+    let (vm, host) = (o.vm.stdout_str(), o.host.stdout_str());
+    let (Some(v), Some(h)) = (avg(&vm), avg(&host)) else {
+        return Err("a side printed no bidirectional results line".into());
+    };
+    if !host.contains("Bidirectional BW Test") {
+        return Err("ferroce's header does not say Bidirectional".into());
+    }
+    // perftest rounds to two decimals; each side measures its own direction with its own clock.
+    if (v - h).abs() > 0.02 * v.max(h) + 0.05 {
+        return Err(format!(
+            "the sums differ: rxe side {v:.2} MB/s, ferroce side {h:.2} MB/s"
+        ));
+    }
+    Ok(format!("{check}; both print {h:.2} MB/s (sum)"))
+}
+
 #[test]
 fn perftest_bw_interop() {
     let Some(mut env) = env_or_skip("perftest_bw_interop") else {
@@ -1033,6 +1062,46 @@ fn perftest_bw_interop() {
             }
         }
     }
+    // Bidirectional (`-b`): both sides run at once and print the sum of both directions;
+    // perftest's duplex run adds a barrier before each size and crosses the reports after it.
+    let bidi = PerfSet {
+        args: "-b -m 4096 -s 65536 -n 20",
+        ipv6: false,
+        what: "bidirectional, 65536 B × 20 each way",
+    };
+    for (tool, test, label, ops) in [
+        (
+            "ib_write_bw",
+            "write",
+            "WRITE bw",
+            &[0x06u8, 0x08, 0x11][..],
+        ),
+        ("ib_read_bw", "read", "READ bw", &[0x0c, 0x0d, 0x0f][..]),
+    ] {
+        let mut case = perf_case(&env, tool, test, &bidi, ops).timeout(90);
+        case.operation = format!("{label} {}", bidi.what);
+        for c in both_roles(case) {
+            rows.push(judge(&mut env, &c, perftest_bidi_extra));
+        }
+    }
+    // With `-a` a duplex run also syncs per size (and, from perftest 4.6 on, after each).
+    let bidi_all = PerfSet {
+        args: "-b -m 4096 -a -n 5",
+        ipv6: false,
+        what: "bidirectional, all sizes 2 B – 8 MiB × 5 each way",
+    };
+    let mut case = perf_case(
+        &env,
+        "ib_write_bw",
+        "write",
+        &bidi_all,
+        &[0x06, 0x08, 0x0a, 0x11],
+    )
+    .timeout(240);
+    case.operation = format!("WRITE bw {}", bidi_all.what);
+    for c in both_roles(case) {
+        rows.push(judge(&mut env, &c, perftest_bidi_extra));
+    }
     // All sizes (`-a`: 2 B to 8 MiB, each `-n 5` times, perftest's minimum) in one direction: ferroce writes into
     // rxe's buffer.
     let all = PerfSet {
@@ -1056,8 +1125,9 @@ fn perftest_bw_interop() {
         "## perftest bandwidth tools ⇄ `ferroce bench`\n\nA few sizes in both roles (all sizes \
          for every tool and role would take tens of minutes under TCG): one multi-packet size at \
          MTU 1024 and one at MTU 4096 with 8 QPs, each also in a variant small enough to stay \
-         inside the span a stock perftest advertises (it registers max(size, 4096) bytes); then \
-         `-a` (2 B to 8 MiB) for WRITE with ferroce as the client. perftest itself checks no \
+         inside the span a stock perftest advertises (it registers max(size, 4096) bytes); \
+         bidirectional WRITE and READ (`-b`: both sides send, each prints the sum), also with `-a`; \
+         then `-a` (2 B to 8 MiB) for WRITE with ferroce as the client. perftest itself checks no \
          data; ferroce's client reads WRITEs back and checks READ data when the peer is ferroce.",
         &rows,
     );

@@ -475,6 +475,12 @@ impl PerftestSession {
         Ok(theirs)
     }
 
+    /// `xchg_bw_reports` within the session: after each size of a
+    /// bidirectional run, where both sides print the sum.
+    pub fn xchg_bw_report(&mut self, mine: &BwReport) -> Result<BwReport, ExchangeError> {
+        self.conn.xchg_bw_report(mine, self.report_per_port)
+    }
+
     /// End of a latency test (or any test without a report): step 8 only.
     pub fn finish(self) -> Result<(), ExchangeError> {
         let d0 = self.my_dests[0];

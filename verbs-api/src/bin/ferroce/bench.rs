@@ -83,6 +83,11 @@ pub struct Args {
     /// Don't fail on CPU-frequency warnings (accepted for perftest compatibility).
     #[arg(short = 'F', long = "CPU-freq")]
     pub cpu_freq: bool,
+    /// Bidirectional bandwidth (perftest's `-b`): both sides run the test
+    /// at once and each reports the sum of both directions. WRITE, READ and
+    /// atomic bandwidth; the peer must be run with it too.
+    #[arg(short = 'b', long = "bidirectional")]
+    pub bidirectional: bool,
     /// Outstanding work requests per QP in bandwidth tests.
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     pub tx_depth: u32,
@@ -150,7 +155,12 @@ impl Args {
             Test::Send => "Send",
             Test::Atomic => "Atomic",
         };
-        format!("{t} {} Test", if self.lat { "Latency" } else { "BW" })
+        let kind = match (self.lat, self.bidirectional) {
+            (true, _) => "Latency",
+            (false, true) => "Bidirectional BW",
+            (false, false) => "BW",
+        };
+        format!("{t} {kind} Test")
     }
 }
 
@@ -243,6 +253,12 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     if a.test() == Test::Send && a.duration.is_some() && !a.lat {
         // The receiver must know how many receives to post.
         return Err("send bandwidth needs -n (a duration run is not supported)".into());
+    }
+    if a.bidirectional && (a.lat || a.test() == Test::Send) {
+        return Err(
+            "-b (bidirectional) is for WRITE, READ and atomic bandwidth tests (not SEND, not --lat)"
+                .into(),
+        );
     }
     let ctx = open(a)?;
     let port = ctx.query_port();
@@ -360,7 +376,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     if !a.json {
         print_header(a, &ctx, mtu, client);
     }
-    let session = match &a.servername {
+    let mut session = match &a.servername {
         Some(s) => perftest::client((s.as_str(), a.port), &params, &xcfg, prepare, connect),
         None => {
             let l = exchange::listen(a.port)
@@ -417,10 +433,27 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         if p.duration.is_some() {
             p.iters = u64::MAX;
         }
-        let result = if client {
-            run_client(a, &ends, &mr, &remotes, per_qp, &p, peer_is_ferroce)?
+        let (result, peer) = if a.bidirectional {
+            // perftest's duplex order per size: a barrier, both sides run,
+            // (with -a, a barrier after the run from perftest 4.6 on), then
+            // the reports cross and each side prints the sum.
+            let d0 = session.my_dests[0];
+            session.conn.sync(&d0).map_err(|e| e.to_string())?;
+            let r = run_client(a, &ends, &mr, &remotes, per_qp, &p, peer_is_ferroce)?;
+            if a.all && session.negotiated.remote_version_num >= 4.6 {
+                session.conn.sync(&d0).map_err(|e| e.to_string())?;
+            }
+            let mine = r
+                .as_ref()
+                .map(|(res, _)| bw_report(res))
+                .unwrap_or_default();
+            let theirs = session.xchg_bw_report(&mine).map_err(|e| e.to_string())?;
+            (r, Some(theirs))
+        } else if client {
+            let r = run_client(a, &ends, &mr, &remotes, per_qp, &p, peer_is_ferroce)?;
+            (r, None)
         } else {
-            run_server(a, &ends, &mr, &remotes, per_qp, &p)?
+            (run_server(a, &ends, &mr, &remotes, per_qp, &p)?, None)
         };
         let Some((res, check)) = result else { continue };
         let ok = match check {
@@ -437,21 +470,14 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             }
         };
         all_ok &= ok;
-        print_result(a, &res, ok, peer_is_ferroce);
-        last_report = BwReport {
-            size: u64::from(res.size),
-            iters: res.iters,
-            bw_peak: res.mb_per_sec(),
-            bw_avg: res.mb_per_sec(),
-            msg_rate_avg: res.mpps(),
-            ..BwReport::default()
-        };
+        print_result(a, &res, peer.as_ref(), ok, peer_is_ferroce);
+        last_report = bw_report(&res);
     }
     if write_lat {
         // ib_write_lat just closes its socket after the run (no closing
         // hand-shake, no "done"; seen on the wire).
         drop(session);
-    } else if a.lat || a.test() == Test::Send {
+    } else if a.lat || a.test() == Test::Send || a.bidirectional {
         session.finish().map_err(|e| e.to_string())?;
     } else {
         let theirs = session.finish_bw(&last_report).map_err(|e| e.to_string())?;
@@ -474,11 +500,23 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     Ok(all_ok)
 }
 
+/// Our side of perftest's report exchange (peak: the average, we keep no peak).
+fn bw_report(res: &PerfResult) -> BwReport {
+    BwReport {
+        size: u64::from(res.size),
+        iters: res.iters,
+        bw_peak: res.mb_per_sec(),
+        bw_avg: res.mb_per_sec(),
+        msg_rate_avg: res.mpps(),
+        ..BwReport::default()
+    }
+}
+
 /// A passive server (WRITE/READ/atomic) never polls its CQ, so only an
 /// engine thread can answer for it; busy polling applies to the side that
 /// loops on its CQ.
 fn engine_mode(a: &Args) -> EngineMode {
-    let actively_polls = a.servername.is_some() || a.test() == Test::Send;
+    let actively_polls = a.servername.is_some() || a.test() == Test::Send || a.bidirectional;
     if a.busy_poll && actively_polls {
         EngineMode::Polling
     } else {
@@ -724,7 +762,19 @@ fn print_dest(label: &str, d: &PerftestDest) {
     println!(" GID: {g}");
 }
 
-fn print_result(a: &Args, r: &PerfResult, ok: bool, peer_is_ferroce: bool) {
+/// One result line; with `peer` (a bidirectional run), bandwidth and
+/// message rate are the sum of both directions, as perftest prints them.
+fn print_result(
+    a: &Args,
+    r: &PerfResult,
+    peer: Option<&BwReport>,
+    ok: bool,
+    peer_is_ferroce: bool,
+) {
+    let (peer_mb, peer_mpps) = peer.map_or((0.0, 0.0), |p| (p.bw_avg, p.msg_rate_avg));
+    let mb = r.mb_per_sec() + peer_mb;
+    let mpps = r.mpps() + peer_mpps;
+    let gbits = mb * 8.0 / 1000.0;
     if a.json {
         let mut v = serde_json::json!({
             "test": a.title(),
@@ -741,9 +791,14 @@ fn print_result(a: &Args, r: &PerfResult, ok: bool, peer_is_ferroce: bool) {
             v["t_p99_us"] = p99.into();
             v["t_max_us"] = max.into();
         } else {
-            v["bw_mb_s"] = r.mb_per_sec().into();
-            v["bw_gbit_s"] = r.gbits().into();
-            v["msg_rate_mpps"] = r.mpps().into();
+            v["bw_mb_s"] = mb.into();
+            v["bw_gbit_s"] = gbits.into();
+            v["msg_rate_mpps"] = mpps.into();
+            if let Some(p) = peer {
+                v["bidirectional"] = true.into();
+                v["local_bw_mb_s"] = r.mb_per_sec().into();
+                v["remote_bw_mb_s"] = p.bw_avg.into();
+            }
         }
         println!("{v}");
         return;
@@ -767,18 +822,10 @@ fn print_result(a: &Args, r: &PerfResult, ok: bool, peer_is_ferroce: bool) {
             p999
         );
     } else {
-        let bw = if a.report_gbits {
-            r.gbits()
-        } else {
-            r.mb_per_sec()
-        };
+        let bw = if a.report_gbits { gbits } else { mb };
         println!(
             " {:<10} {:<16} {:<18.2} {:<20.2} {:.6}",
-            r.size,
-            r.iters,
-            bw,
-            bw,
-            r.mpps()
+            r.size, r.iters, bw, bw, mpps
         );
     }
 }

@@ -1,0 +1,102 @@
+//! `ferroce bench -b` (bidirectional bandwidth) between two processes over
+//! the UDP backend on loopback: no privileges needed.
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+fn bench(args: &[&str], port: u16, server: Option<&str>) -> std::process::Child {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ferroce"));
+    c.arg("bench")
+        .args(args)
+        .args(["-d", "lo", "--backend", "udp", "--json", "-p"])
+        .arg(port.to_string());
+    if let Some(s) = server {
+        c.arg(s);
+    }
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.spawn().expect("run ferroce")
+}
+
+/// Server and client of one run; both must exit 0.
+fn pair(args: &[&str], port: u16) -> (Output, Output) {
+    let srv = bench(args, port, None);
+    // The client retries its connection while the server starts listening.
+    std::thread::sleep(Duration::from_millis(300));
+    let cli = bench(args, port, Some("127.0.0.1"));
+    let (c, s) = (cli.wait_with_output(), srv.wait_with_output());
+    let (c, s) = (c.expect("client"), s.expect("server"));
+    for (who, o) in [("client", &c), ("server", &s)] {
+        assert!(
+            o.status.success(),
+            "{who} of `bench {}` failed: {}\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    (c, s)
+}
+
+fn lines(o: &Output) -> Vec<Value> {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON result line"))
+        .collect()
+}
+
+fn port(offset: u16) -> u16 {
+    // Apart from other test binaries' exchanges running at the same time.
+    20_000 + (std::process::id() % 20_000) as u16 + offset
+}
+
+/// Each side runs its own direction and prints the sum: one's local figure
+/// is the other's remote one (the reports crossed as perftest's do), and
+/// the data each side wrote or read checked out.
+#[test]
+fn bidirectional_runs_report_the_sum_of_both_directions() {
+    for (i, args) in [
+        &["write", "-b", "-s", "4096", "-n", "500"][..],
+        &["read", "-b", "-s", "65536", "-n", "200"][..],
+        // Every size: a barrier before each and a report after each.
+        &["write", "-b", "-a", "-n", "20"][..],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (c, s) = pair(args, port(i as u16));
+        let (cl, sl) = (lines(&c), lines(&s));
+        let sizes = if args.contains(&"-a") { 23 } else { 1 };
+        assert_eq!((cl.len(), sl.len()), (sizes, sizes), "{args:?}");
+        for (x, y) in cl.iter().zip(&sl) {
+            assert_eq!(x["test"], y["test"]);
+            assert!(x["test"].as_str().unwrap().contains("Bidirectional BW"));
+            assert_eq!(x["bytes"], y["bytes"]);
+            assert_eq!(x["bidirectional"], true);
+            assert_eq!(x["data_verified"], true, "{x}");
+            assert_eq!(y["data_verified"], true, "{y}");
+            assert_eq!(x["local_bw_mb_s"], y["remote_bw_mb_s"], "{args:?}");
+            assert_eq!(x["remote_bw_mb_s"], y["local_bw_mb_s"], "{args:?}");
+            let sum = x["local_bw_mb_s"].as_f64().unwrap() + x["remote_bw_mb_s"].as_f64().unwrap();
+            assert!((x["bw_mb_s"].as_f64().unwrap() - sum).abs() < 1e-6 * sum);
+            assert!(x["local_bw_mb_s"].as_f64().unwrap() > 0.0);
+            assert!(x["remote_bw_mb_s"].as_f64().unwrap() > 0.0);
+        }
+    }
+}
+
+#[test]
+fn bidirectional_send_and_latency_are_refused() {
+    for args in [&["send", "-b"][..], &["write", "-b", "--lat"][..]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ferroce"))
+            .arg("bench")
+            .args(args)
+            .args(["-d", "lo", "--backend", "udp", "127.0.0.1"])
+            .output()
+            .expect("run ferroce");
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("-b (bidirectional)"), "{args:?}: {err}");
+    }
+}
