@@ -1029,16 +1029,13 @@ fn perftest_bw_interop() {
         },
     ];
     let mut rows = Vec::new();
-    for (tool, test, label, ops) in [
-        (
-            "ib_write_bw",
-            "write",
-            "WRITE bw",
-            &[0x06u8, 0x08, 0x11][..],
-        ),
-        ("ib_read_bw", "read", "READ bw", &[0x0c, 0x0d, 0x0f][..]),
-        ("ib_send_bw", "send", "SEND bw", &[0x00, 0x02, 0x11][..]),
-    ] {
+    // (tool, ferroce test, matrix label, opcodes a multi-packet run shows)
+    let tools: [(&'static str, &str, &str, &[u8]); 3] = [
+        ("ib_write_bw", "write", "WRITE bw", &[0x06, 0x08, 0x11]),
+        ("ib_read_bw", "read", "READ bw", &[0x0c, 0x0d, 0x0f]),
+        ("ib_send_bw", "send", "SEND bw", &[0x00, 0x02, 0x11]),
+    ];
+    for (tool, test, label, ops) in tools {
         for set in &sets {
             // Single-packet sizes show the ONLY opcodes instead.
             if test == "send" && set.args.contains("-s 800") {
@@ -1069,56 +1066,55 @@ fn perftest_bw_interop() {
         ipv6: false,
         what: "bidirectional, 65536 B × 20 each way",
     };
-    for (tool, test, label, ops) in [
-        (
-            "ib_write_bw",
-            "write",
-            "WRITE bw",
-            &[0x06u8, 0x08, 0x11][..],
-        ),
-        ("ib_read_bw", "read", "READ bw", &[0x0c, 0x0d, 0x0f][..]),
-    ] {
+    // (SEND has no -b in ferroce bench.)
+    for (tool, test, label, ops) in tools.into_iter().filter(|t| t.1 != "send") {
         let mut case = perf_case(&env, tool, test, &bidi, ops).timeout(90);
         case.operation = format!("{label} {}", bidi.what);
         for c in both_roles(case) {
             rows.push(judge(&mut env, &c, perftest_bidi_extra));
         }
     }
-    // With `-a` a duplex run also syncs per size (and, from perftest 4.6 on, after each).
-    let bidi_all = PerfSet {
-        args: "-b -m 4096 -a -n 5",
-        ipv6: false,
-        what: "bidirectional, all sizes 2 B – 8 MiB × 5 each way",
-    };
-    let mut case = perf_case(
-        &env,
-        "ib_write_bw",
-        "write",
-        &bidi_all,
-        &[0x06, 0x08, 0x0a, 0x11],
-    )
-    .timeout(240);
-    case.operation = format!("WRITE bw {}", bidi_all.what);
-    for c in both_roles(case) {
-        rows.push(judge(&mut env, &c, perftest_bidi_extra));
+    // All sizes (`-a`: 2 B to 8 MiB, each `-n 5` times, perftest's minimum): bidirectional in
+    // both roles (a duplex run also syncs per size, and from perftest 4.6 on after each), then
+    // one direction, ferroce writing into rxe's buffer.
+    let all: [(&str, &str, Extra, bool); 2] = [
+        (
+            "-b -m 4096 -a -n 5",
+            "bidirectional, all sizes 2 B – 8 MiB × 5 each way",
+            perftest_bidi_extra,
+            true,
+        ),
+        (
+            "-m 4096 -a -n 5",
+            "all sizes 2 B – 8 MiB × 5",
+            perftest_extra,
+            false,
+        ),
+    ];
+    for (args, what, extra, both) in all {
+        let set = PerfSet {
+            args,
+            ipv6: false,
+            what,
+        };
+        let mut case = perf_case(
+            &env,
+            "ib_write_bw",
+            "write",
+            &set,
+            &[0x06, 0x07, 0x08, 0x0a, 0x11],
+        )
+        .timeout(240);
+        case.operation = format!("WRITE bw {what}");
+        let cases = if both {
+            both_roles(case).to_vec()
+        } else {
+            vec![case]
+        };
+        for c in &cases {
+            rows.push(judge(&mut env, c, extra));
+        }
     }
-    // All sizes (`-a`: 2 B to 8 MiB, each `-n 5` times, perftest's minimum) in one direction: ferroce writes into
-    // rxe's buffer.
-    let all = PerfSet {
-        args: "-m 4096 -a -n 5",
-        ipv6: false,
-        what: "all sizes 2 B – 8 MiB × 5",
-    };
-    let mut case = perf_case(
-        &env,
-        "ib_write_bw",
-        "write",
-        &all,
-        &[0x06, 0x07, 0x08, 0x0a, 0x11],
-    )
-    .timeout(240);
-    case.operation = format!("WRITE bw {}", all.what);
-    rows.push(judge(&mut env, &case, perftest_extra));
     finish(
         env,
         "perftest-bw",
