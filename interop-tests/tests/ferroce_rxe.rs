@@ -1074,6 +1074,25 @@ fn perftest_bw_interop() {
             rows.push(judge(&mut env, &c, perftest_bidi_extra));
         }
     }
+    // Unreliable connection (`-c UC`): WRITE and SEND only, no ACKs on the wire.
+    let uc = PerfSet {
+        args: "-c UC -m 4096 -s 65536 -n 10",
+        ipv6: false,
+        what: "UC, 65536 B × 10",
+    };
+    for (tool, test, label, ops) in tools.into_iter().filter(|t| t.1 != "read") {
+        // UC's opcodes are RC's plus 0x20; nothing answers.
+        let ops: Vec<u8> = ops
+            .iter()
+            .filter(|&&o| o != 0x11)
+            .map(|o| o + 0x20)
+            .collect();
+        let mut case = perf_case(&env, tool, test, &uc, &ops).timeout(90);
+        case.operation = format!("{label} {}", uc.what);
+        for c in both_roles(case) {
+            rows.push(judge(&mut env, &c, perftest_extra));
+        }
+    }
     // All sizes (`-a`: 2 B to 8 MiB, each `-n 5` times, perftest's minimum): bidirectional in
     // both roles (a duplex run also syncs per size, and from perftest 4.6 on after each), then
     // one direction, ferroce writing into rxe's buffer.
@@ -1123,6 +1142,7 @@ fn perftest_bw_interop() {
          MTU 1024 and one at MTU 4096 with 8 QPs, each also in a variant small enough to stay \
          inside the span a stock perftest advertises (it registers max(size, 4096) bytes); \
          bidirectional WRITE and READ (`-b`: both sides send, each prints the sum), also with `-a`; \
+         WRITE and SEND over UC (`-c UC`); \
          then `-a` (2 B to 8 MiB) for WRITE with ferroce as the client. perftest itself checks no \
          data; ferroce's client reads WRITEs back and checks READ data when the peer is ferroce.",
         &rows,

@@ -715,12 +715,19 @@ impl UdpIo {
             tos: meta.tos,
             ttl: meta.ttl,
         };
+        let hl = frame::header_len(peer.is_ipv6());
         let seg = if meta.gro_size > 0 {
             meta.gro_size
+        } else if hl + total > self.cfg.max_frame_len {
+            // A GSO send queued whole while UDP GRO was on and read after it
+            // went off (a second process joined the port, `maintain_share`):
+            // the kernel reports no segment size then. Dropping it would cost
+            // RC a go-back-N and UC its messages at every start on one host.
+            let payload = slot.buf.get(HEADROOM..HEADROOM + total).unwrap_or_default();
+            gso_segment_len(payload, self.cfg.max_frame_len.saturating_sub(hl)).unwrap_or(total)
         } else {
             total.max(1)
         };
-        let hl = frame::header_len(peer.is_ipv6());
         // The headers of the last datagram and its length: the datagrams of one receive
         // share them but for the last, which may be shorter.
         let mut last = [0u8; HEADROOM];
@@ -940,6 +947,24 @@ impl TxSource for Whole<'_, '_> {
     fn payload(&self, _: &PayloadRef) -> Option<&[u8]> {
         None
     }
+}
+
+/// The segment size of `p`, the UDP payloads of a GSO send back to back
+/// (all of one size but the last): the first offset, up to `max`, where
+/// the next packet of the first one's stream starts, a BTH with its
+/// destination QP and the next PSN. None if there is none: not RoCE, or
+/// not such a send.
+fn gso_segment_len(p: &[u8], max: usize) -> Option<usize> {
+    // BTH (IBTA 9.2): TVer in byte 1's low nibble, DestQP bytes 5-7, PSN bytes 9-11.
+    const BTH: usize = 12;
+    const ICRC: usize = 4;
+    let first = p.get(..BTH)?;
+    let psn = |b: &[u8]| u32::from_be_bytes([0, b[9], b[10], b[11]]);
+    let next = (psn(first) + 1) & 0x00ff_ffff;
+    (BTH + ICRC..=max.min(p.len().saturating_sub(BTH))).find(|&s| {
+        p.get(s..s + BTH)
+            .is_some_and(|b| b[1] & 0x0f == 0 && b[5..8] == first[5..8] && psn(b) == next)
+    })
 }
 
 /// Appends `len` bytes at `p` to a message's iovecs (those from `start`
@@ -1567,6 +1592,50 @@ mod uring {
                 }
             }
             Ok(&self.results)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gso_segment_len;
+
+    /// A RoCE packet of `len` bytes: BTH with `qp` and `psn`, filler after.
+    fn packet(len: usize, qp: u32, psn: u32, fill: u8) -> Vec<u8> {
+        let mut p = vec![fill; len];
+        p[0] = 0x01; // SEND middle
+        p[1] = 0x00;
+        p[5..8].copy_from_slice(&qp.to_be_bytes()[1..]);
+        p[9..12].copy_from_slice(&psn.to_be_bytes()[1..]);
+        p
+    }
+
+    #[test]
+    fn finds_the_segment_size_of_a_gso_blob() {
+        for (seg, last, psn) in [(4112, 4112, 7), (4112, 100, 0x00ff_fffe), (1040, 600, 3)] {
+            let mut blob = Vec::new();
+            for i in 0..14u32 {
+                blob.extend(packet(
+                    seg,
+                    0x12_3456,
+                    (psn + i) & 0x00ff_ffff,
+                    (i * 7) as u8,
+                ));
+            }
+            blob.extend(packet(last, 0x12_3456, (psn + 14) & 0x00ff_ffff, 0x11));
+            assert_eq!(gso_segment_len(&blob, 8982), Some(seg), "{seg} {last}");
+        }
+    }
+
+    #[test]
+    fn no_segment_size_without_a_following_packet() {
+        // Another QP's packet next, a PSN that does not follow, too short, not RoCE.
+        let mut other = packet(4112, 1, 5, 0);
+        other.extend(packet(4112, 2, 6, 0));
+        let mut gap = packet(4112, 1, 5, 0);
+        gap.extend(packet(4112, 1, 9, 0));
+        for blob in [other, gap, vec![0u8; 11], vec![0xffu8; 9000]] {
+            assert_eq!(gso_segment_len(&blob, 8982), None);
         }
     }
 }

@@ -155,3 +155,48 @@ fn ipv6_and_wildcard_groups_steer_too() {
         assert_eq!(tags(&mut b), [2], "{bind}");
     }
 }
+
+/// A GSO send queued whole at a lone device (UDP GRO on) and read after a
+/// second device joined (GRO off, so the kernel reports no segment size):
+/// its datagrams still come out one by one. They were dropped whole
+/// before, and at the start of every run between two processes on one
+/// host RC paid a go-back-N and UC lost its first messages.
+#[test]
+fn a_gso_send_queued_before_sharing_began_comes_out_in_datagrams() {
+    use std::os::fd::AsRawFd;
+    let at = shared_addr(7);
+    let mut a = join(at);
+    let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    // linux/udp.h UDP_SEGMENT
+    let seg: libc::c_int = 1040;
+    // SAFETY: a valid socket and a c_int option value.
+    let r = unsafe {
+        libc::setsockopt(
+            tx.as_raw_fd(),
+            libc::SOL_UDP,
+            103,
+            (&seg as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        eprintln!("SKIP: no UDP GSO here");
+        return;
+    }
+    // Ten BTHs to QPN 0x11 (device a's prefix 0), consecutive PSNs, the last one shorter.
+    let mut blob = Vec::new();
+    for i in 0..10u32 {
+        let mut p = vec![0u8; if i == 9 { 300 } else { 1040 }];
+        p[0] = 0x01; // RC SEND MIDDLE
+        p[5..8].copy_from_slice(&0x00_0011u32.to_be_bytes()[1..]);
+        p[9..12].copy_from_slice(&(0x00ff_fffa + i).to_be_bytes()[1..]);
+        p[12] = i as u8;
+        blob.extend(p);
+    }
+    tx.send_to(&blob, at).unwrap();
+    let b = join(at);
+    assert_eq!(b.share().map(|s| s.members()), Some(2));
+    // a's next receive runs its periodic check first: it sees b and turns GRO off.
+    std::thread::sleep(Duration::from_millis(150));
+    assert_eq!(tags(&mut a), (0..10).collect::<Vec<u8>>());
+}

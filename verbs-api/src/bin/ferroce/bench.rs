@@ -10,7 +10,7 @@ use ferroce_verbs::exchange::perftest::{self, BwReport, Negotiated, PerftestPara
 use ferroce_verbs::exchange::{self, ExchangeConfig, PerftestDest};
 use ferroce_verbs::perf::{self, PerfOp, PerfParams, PerfResult, RemoteBuf};
 use ferroce_verbs::{
-    Backend, CompletionQueue, ConnectOptions, Context, EngineMode, MemoryRegion, QueuePair,
+    Backend, CompletionQueue, ConnectOptions, Context, EngineMode, MemoryRegion, QpType, QueuePair,
     RemoteQp,
 };
 
@@ -21,6 +21,8 @@ use crate::common;
 /// the other end fills its buffers with the shared check pattern.
 const VERSION: &str = "6.19 ferroce";
 const PATTERN_SEED: u64 = 0x0f0e_0d0c;
+/// Receives a SEND bandwidth server keeps posted per QP.
+const SEND_BW_RX_DEPTH: u32 = 512;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Test {
@@ -28,6 +30,18 @@ pub enum Test {
     Read,
     Send,
     Atomic,
+}
+
+/// perftest's `-c`: the transport of the test's QPs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[allow(clippy::upper_case_acronyms)]
+pub enum Connection {
+    #[value(name = "RC", alias = "rc")]
+    RC,
+    #[value(name = "UC", alias = "uc")]
+    UC,
+    #[value(name = "UD", alias = "ud")]
+    UD,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -83,6 +97,10 @@ pub struct Args {
     /// Don't fail on CPU-frequency warnings (accepted for perftest compatibility).
     #[arg(short = 'F', long = "CPU-freq")]
     pub cpu_freq: bool,
+    /// Connection type, as perftest's `-c`: RC, or UC (WRITE and SEND only: no
+    /// READ or atomics, no ACKs, a lost packet loses its message).
+    #[arg(short = 'c', long = "connection", value_enum, default_value = "RC")]
+    pub connection: Connection,
     /// Bidirectional bandwidth (perftest's `-b`): both sides run the test
     /// at once and each reports the sum of both directions. WRITE, READ and
     /// atomic bandwidth; the peer must be run with it too.
@@ -147,6 +165,13 @@ impl Args {
     }
     fn iters(&self) -> u64 {
         self.iters.unwrap_or(if self.lat { 1000 } else { 5000 })
+    }
+    fn qp_type(&self) -> QpType {
+        match self.connection {
+            Connection::UC => QpType::Uc,
+            // UD is refused before any QP is made.
+            Connection::RC | Connection::UD => QpType::Rc,
+        }
     }
     fn title(&self) -> String {
         let t = match self.test() {
@@ -254,6 +279,19 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         // The receiver must know how many receives to post.
         return Err("send bandwidth needs -n (a duration run is not supported)".into());
     }
+    match (a.connection, a.test()) {
+        (Connection::UD, _) => {
+            return Err(
+                "-c UD is not supported by `ferroce bench` (`ferroce pingpong --ud`, or \
+                 perftest's ib_send_bw -c UD over ferroce's libibverbs.so.1, move UD traffic)"
+                    .into(),
+            )
+        }
+        (Connection::UC, Test::Read | Test::Atomic) => {
+            return Err("-c UC has no RDMA READ or atomics: use write or send".into())
+        }
+        _ => {}
+    }
     if a.bidirectional && (a.lat || a.test() == Test::Send) {
         return Err(
             "-b (bidirectional) is for WRITE, READ and atomic bandwidth tests (not SEND, not --lat)"
@@ -311,6 +349,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             .map_err(|e| format!("Couldn't create CQ: {e}"))?;
         let qp = pd
             .create_qp()
+            .qp_type(a.qp_type())
             .max_send_wr(a.tx_depth.max(16))
             .max_recv_wr(1024)
             .build(&cq, &cq)
@@ -348,6 +387,17 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     // The peer's view of our PSN is what we chose; the connect callback
     // uses both sides' destinations.
     let negotiated_mtu = Mutex::new(mtu);
+    let client = a.servername.is_some();
+    // SEND receives of the first size, posted while connecting: before the
+    // hand-shakes that let the peer start (perftest's order), so no message
+    // meets an empty receive queue (an RNR retry over RC, a loss over UC).
+    // Per QP, how many; taken by the first size's run.
+    let preposted: Mutex<Option<Vec<u64>>> = Mutex::new(None);
+    let first = PerfParams::new(
+        a.op(),
+        a.sizes().first().copied().unwrap_or(65536),
+        a.iters(),
+    );
     let connect = |n: &Negotiated, remote: &[PerftestDest]| -> Result<(), String> {
         let mtu = mtu_bytes(n.mtu).min(mtu);
         *negotiated_mtu.lock().unwrap_or_else(|p| p.into_inner()) = mtu;
@@ -369,10 +419,23 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             )
             .map_err(|e| e.to_string())?;
         }
+        if a.test() == Test::Send {
+            let mut counts = Vec::new();
+            for e in &ends {
+                let n = if a.lat {
+                    perf::send_lat_prepost(&e.qp, &mr, &first).map(|()| 2)
+                } else if !client {
+                    perf::bw_prepost(&e.qp, &mr, &first, SEND_BW_RX_DEPTH)
+                } else {
+                    Ok(0)
+                };
+                counts.push(n.map_err(|e| e.to_string())?);
+            }
+            *preposted.lock().unwrap_or_else(|p| p.into_inner()) = Some(counts);
+        }
         Ok(())
     };
     let prepare = |_: &Negotiated| -> Result<Vec<PerftestDest>, String> { Ok(my_dests.clone()) };
-    let client = a.servername.is_some();
     if !a.json {
         print_header(a, &ctx, mtu, client);
     }
@@ -425,6 +488,8 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     let mut all_ok = true;
     let mut last_report = BwReport::default();
     for &size in &sizes {
+        let pre = preposted.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let pre = pre.as_deref();
         let mut p = PerfParams::new(op, size, a.iters());
         p.tx_depth = a.tx_depth;
         // Busy polling spins on the CQ between polls, as perftest does.
@@ -439,7 +504,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             // the reports cross and each side prints the sum.
             let d0 = session.my_dests[0];
             session.conn.sync(&d0).map_err(|e| e.to_string())?;
-            let r = run_client(a, &ends, &mr, &remotes, per_qp, &p, peer_is_ferroce)?;
+            let r = run_client(a, &ends, &mr, &remotes, per_qp, &p, pre, peer_is_ferroce)?;
             if a.all && session.negotiated.remote_version_num >= 4.6 {
                 session.conn.sync(&d0).map_err(|e| e.to_string())?;
             }
@@ -450,10 +515,10 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             let theirs = session.xchg_bw_report(&mine).map_err(|e| e.to_string())?;
             (r, Some(theirs))
         } else if client {
-            let r = run_client(a, &ends, &mr, &remotes, per_qp, &p, peer_is_ferroce)?;
+            let r = run_client(a, &ends, &mr, &remotes, per_qp, &p, pre, peer_is_ferroce)?;
             (r, None)
         } else {
-            (run_server(a, &ends, &mr, &remotes, per_qp, &p)?, None)
+            (run_server(a, &ends, &mr, &remotes, per_qp, &p, pre)?, None)
         };
         let Some((res, check)) = result else { continue };
         let ok = match check {
@@ -547,11 +612,13 @@ fn run_client(
     remotes: &[RemoteBuf],
     per_qp: u64,
     p: &PerfParams,
+    preposted: Option<&[u64]>,
     peer_is_ferroce: bool,
 ) -> Result<Option<(PerfResult, Check)>, String> {
     let e0 = &ends[0];
     if a.lat {
         let res = match p.op {
+            PerfOp::Send if preposted.is_some() => perf::send_lat_from(&e0.qp, &e0.cq, mr, p, true),
             PerfOp::Send => perf::send_lat(&e0.qp, &e0.cq, mr, p, true),
             PerfOp::Write => perf::write_lat(&e0.qp, &e0.cq, mr, &remotes[0], p, false, per_qp / 2),
             _ => perf::op_lat(&e0.qp, &e0.cq, mr, &remotes[0], p),
@@ -593,7 +660,9 @@ fn run_client(
     let Some(res) = total else { return Ok(None) };
     // A stock ib_write_bw registers no remote READ: reading back would draw a NAK and put the QP
     // in error, ending an `-a` run after its first size.
-    let check = if p.op == PerfOp::Write && !peer_is_ferroce {
+    let check = if p.op == PerfOp::Write && a.connection == Connection::UC {
+        Check::Skipped("UC has no RDMA READ to read the peer's buffer back")
+    } else if p.op == PerfOp::Write && !peer_is_ferroce {
         Check::Skipped("the peer does not allow reading its buffer back")
     } else {
         verify_client(ends, mr, remotes, per_qp, p, &res)?
@@ -667,6 +736,7 @@ fn run_server(
     remotes: &[RemoteBuf],
     per_qp: u64,
     p: &PerfParams,
+    preposted: Option<&[u64]>,
 ) -> Result<Option<(PerfResult, Check)>, String> {
     let e0 = &ends[0];
     match (p.op, a.lat) {
@@ -679,7 +749,11 @@ fn run_server(
             )))
         }
         (PerfOp::Send, true) => {
-            let res = perf::send_lat(&e0.qp, &e0.cq, mr, p, false).map_err(|e| e.to_string())?;
+            let res = match preposted {
+                Some(_) => perf::send_lat_from(&e0.qp, &e0.cq, mr, p, false),
+                None => perf::send_lat(&e0.qp, &e0.cq, mr, p, false),
+            }
+            .map_err(|e| e.to_string())?;
             Ok(Some((
                 res,
                 Check::Skipped("latency tests move no checkable data"),
@@ -694,8 +768,11 @@ fn run_server(
                     .enumerate()
                     .map(|(i, e)| {
                         s.spawn(move || {
-                            let _ = i;
-                            perf::bw_receiver(&e.qp, &e.cq, mr, p, 512).map_err(|x| x.to_string())
+                            match preposted.and_then(|v| v.get(i)) {
+                                Some(&n) => perf::bw_receiver_from(&e.qp, &e.cq, mr, p, n),
+                                None => perf::bw_receiver(&e.qp, &e.cq, mr, p, SEND_BW_RX_DEPTH),
+                            }
+                            .map_err(|x| x.to_string())
                         })
                     })
                     .collect();
@@ -704,6 +781,14 @@ fn run_server(
                 }
                 Ok(())
             })?;
+            let want = p.iters * ends.len() as u64;
+            if got < want {
+                // Only UC ends short (see perf::bw_receiver_from).
+                eprintln!(
+                    "received {got} of {want} messages: UC does not resend lost ones \
+                     (perftest's server ends the same way)"
+                );
+            }
             let res = PerfResult {
                 op: p.op,
                 size: p.size,
@@ -734,7 +819,10 @@ fn print_header(a: &Args, ctx: &Context, mtu: u32, client: bool) {
     println!("                    {}", a.title());
     println!(" Dual-port       : OFF\t\tDevice         : {}", ctx.name());
     println!(" Number of qps   : {}\t\tTransport type : IB", a.qps);
-    println!(" Connection type : RC\t\tUsing SRQ      : OFF");
+    println!(
+        " Connection type : {:?}\t\tUsing SRQ      : OFF",
+        a.connection
+    );
     println!(
         " {} TX depth      : {}",
         if client { "" } else { " " },
