@@ -274,6 +274,17 @@ struct End<'pd> {
     cq: CompletionQueue,
 }
 
+/// What every size's run uses: the QPs, the buffer (`per_qp` bytes a QP),
+/// the peer's buffers, and whether the peer is ferroce.
+#[derive(Clone, Copy)]
+struct Setup<'s, 'pd> {
+    ends: &'s [End<'pd>],
+    mr: &'s MemoryRegion<'pd>,
+    remotes: &'s [RemoteBuf],
+    per_qp: u64,
+    peer_is_ferroce: bool,
+}
+
 fn run_inner(a: &Args) -> Result<bool, String> {
     if a.test() == Test::Send && a.duration.is_some() && !a.lat {
         // The receiver must know how many receives to post.
@@ -484,6 +495,13 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             );
         }
     }
+    let setup = Setup {
+        ends: &ends,
+        mr: &mr,
+        remotes: &remotes,
+        per_qp,
+        peer_is_ferroce,
+    };
     let op = a.op();
     let mut all_ok = true;
     let mut last_report = BwReport::default();
@@ -504,7 +522,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             // the reports cross and each side prints the sum.
             let d0 = session.my_dests[0];
             session.conn.sync(&d0).map_err(|e| e.to_string())?;
-            let r = run_client(a, &ends, &mr, &remotes, per_qp, &p, pre, peer_is_ferroce)?;
+            let r = run_client(a, setup, &p, pre)?;
             if a.all && session.negotiated.remote_version_num >= 4.6 {
                 session.conn.sync(&d0).map_err(|e| e.to_string())?;
             }
@@ -515,10 +533,10 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             let theirs = session.xchg_bw_report(&mine).map_err(|e| e.to_string())?;
             (r, Some(theirs))
         } else if client {
-            let r = run_client(a, &ends, &mr, &remotes, per_qp, &p, pre, peer_is_ferroce)?;
+            let r = run_client(a, setup, &p, pre)?;
             (r, None)
         } else {
-            (run_server(a, &ends, &mr, &remotes, per_qp, &p, pre)?, None)
+            (run_server(a, setup, &p, pre)?, None)
         };
         let Some((res, check)) = result else { continue };
         let ok = match check {
@@ -607,14 +625,17 @@ enum Check {
 /// The client measures; returns the result and the data check.
 fn run_client(
     a: &Args,
-    ends: &[End<'_>],
-    mr: &MemoryRegion<'_>,
-    remotes: &[RemoteBuf],
-    per_qp: u64,
+    setup: Setup<'_, '_>,
     p: &PerfParams,
     preposted: Option<&[u64]>,
-    peer_is_ferroce: bool,
 ) -> Result<Option<(PerfResult, Check)>, String> {
+    let Setup {
+        ends,
+        mr,
+        remotes,
+        per_qp,
+        peer_is_ferroce,
+    } = setup;
     let e0 = &ends[0];
     if a.lat {
         let res = match p.op {
@@ -731,13 +752,17 @@ fn verify_client(
 /// The server: passive for WRITE/READ/atomic; receives for SEND.
 fn run_server(
     a: &Args,
-    ends: &[End<'_>],
-    mr: &MemoryRegion<'_>,
-    remotes: &[RemoteBuf],
-    per_qp: u64,
+    setup: Setup<'_, '_>,
     p: &PerfParams,
     preposted: Option<&[u64]>,
 ) -> Result<Option<(PerfResult, Check)>, String> {
+    let Setup {
+        ends,
+        mr,
+        remotes,
+        per_qp,
+        ..
+    } = setup;
     let e0 = &ends[0];
     match (p.op, a.lat) {
         (PerfOp::Write, true) => {
