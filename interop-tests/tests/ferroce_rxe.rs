@@ -1096,35 +1096,58 @@ fn perftest_bw_interop() {
     // All sizes (`-a`: 2 B to 8 MiB, each `-n 5` times, perftest's minimum): bidirectional in
     // both roles (a duplex run also syncs per size, and from perftest 4.6 on after each), then
     // one direction, ferroce writing into rxe's buffer.
-    let all: [(&str, &str, Extra, bool); 2] = [
+    // (tool, test, label, args, what, extra check, both roles, opcodes)
+    type AllSizes = (
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        Extra,
+        bool,
+        &'static [u8],
+    );
+    let all: [AllSizes; 3] = [
         (
+            "ib_write_bw",
+            "write",
+            "WRITE bw",
             "-b -m 4096 -a -n 5",
             "bidirectional, all sizes 2 B – 8 MiB × 5 each way",
             perftest_bidi_extra,
             true,
+            &[0x06, 0x07, 0x08, 0x0a, 0x11],
         ),
         (
+            "ib_write_bw",
+            "write",
+            "WRITE bw",
             "-m 4096 -a -n 5",
             "all sizes 2 B – 8 MiB × 5",
             perftest_extra,
             false,
+            &[0x06, 0x07, 0x08, 0x0a, 0x11],
+        ),
+        // ib_send_bw -a: the receiver posts, a hand-shake, the run, a hand-shake, each size.
+        (
+            "ib_send_bw",
+            "send",
+            "SEND bw",
+            "-m 4096 -a -n 5",
+            "all sizes 2 B – 8 MiB × 5",
+            perftest_extra,
+            true,
+            &[0x00, 0x01, 0x02, 0x04, 0x11],
         ),
     ];
-    for (args, what, extra, both) in all {
+    for (tool, test, label, args, what, extra, both, ops) in all {
         let set = PerfSet {
             args,
             ipv6: false,
             what,
         };
-        let mut case = perf_case(
-            &env,
-            "ib_write_bw",
-            "write",
-            &set,
-            &[0x06, 0x07, 0x08, 0x0a, 0x11],
-        )
-        .timeout(240);
-        case.operation = format!("WRITE bw {what}");
+        let mut case = perf_case(&env, tool, test, &set, ops).timeout(240);
+        case.operation = format!("{label} {what}");
         let cases = if both {
             both_roles(case).to_vec()
         } else {
@@ -1143,7 +1166,7 @@ fn perftest_bw_interop() {
          inside the span a stock perftest advertises (it registers max(size, 4096) bytes); \
          bidirectional WRITE and READ (`-b`: both sides send, each prints the sum), also with `-a`; \
          WRITE and SEND over UC (`-c UC`); \
-         then `-a` (2 B to 8 MiB) for WRITE with ferroce as the client. perftest itself checks no \
+         then `-a` (2 B to 8 MiB) for WRITE with ferroce as the client and for SEND in both roles. perftest itself checks no \
          data; ferroce's client reads WRITEs back and checks READ data when the peer is ferroce.",
         &rows,
     );
@@ -1177,27 +1200,61 @@ fn perftest_atomic_lat_interop() {
             }
         }
     }
-    for (tool, test, label, ops) in [
+    // (tool, ferroce test, matrix label, arguments, opcodes that must show)
+    let lat: [(&'static str, &str, &str, &str, &[u8]); 6] = [
         (
             "ib_write_lat",
             "write",
             "WRITE lat 64 B × 10",
-            &[0x0au8][..],
+            "-m 1024 -s 64 -n 10",
+            &[0x0a],
         ),
         (
             "ib_read_lat",
             "read",
             "READ lat 64 B × 10",
-            &[0x0c, 0x10][..],
+            "-m 1024 -s 64 -n 10",
+            &[0x0c, 0x10],
         ),
-        ("ib_send_lat", "send", "SEND lat 64 B × 10", &[0x04][..]),
-    ] {
+        (
+            "ib_send_lat",
+            "send",
+            "SEND lat 64 B × 10",
+            "-m 1024 -s 64 -n 10",
+            &[0x04],
+        ),
+        // Every size: the receiver posts its receives, then a hand-shake, for each.
+        (
+            "ib_send_lat",
+            "send",
+            "SEND lat all sizes 2 B – 8 MiB × 5",
+            "-m 4096 -a -n 5",
+            &[0x00, 0x01, 0x02, 0x04],
+        ),
+        // Unreliable connection: UC's opcodes are RC's plus 0x20.
+        (
+            "ib_write_lat",
+            "write",
+            "WRITE lat UC 64 B × 10",
+            "-c UC -m 1024 -s 64 -n 10",
+            &[0x2a],
+        ),
+        (
+            "ib_send_lat",
+            "send",
+            "SEND lat UC 64 B × 10",
+            "-c UC -m 1024 -s 64 -n 10",
+            &[0x24],
+        ),
+    ];
+    for (tool, test, label, args, ops) in lat {
         let set = PerfSet {
-            args: "-m 1024 -s 64 -n 10",
+            args,
             ipv6: false,
             what: "",
         };
-        let mut case = perf_case(&env, tool, test, &set, ops).timeout(25);
+        let secs = if args.contains("-a") { 120 } else { 25 };
+        let mut case = perf_case(&env, tool, test, &set, ops).timeout(secs);
         case.ferroce_args = case.ferroce_args.replacen("bench ", "bench --lat ", 1);
         case.ferroce_args = case
             .ferroce_args
@@ -1211,7 +1268,8 @@ fn perftest_atomic_lat_interop() {
         env,
         "perftest-atomic-lat",
         "## perftest atomic and latency tools ⇄ `ferroce bench`\n\nAtomics: both kinds, 1 QP \
-         over IPv4 and 8 QPs over IPv6. Latency tools: 64 B × 10 at MTU 1024.",
+         over IPv4 and 8 QPs over IPv6. Latency tools: 64 B × 10 at MTU 1024, also over UC \
+         (`-c UC`); `ib_send_lat -a` (every size, 2 B to 8 MiB, × 5).",
         &rows,
     );
 }

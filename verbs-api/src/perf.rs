@@ -298,10 +298,14 @@ pub fn bw_receiver(
     bw_receiver_from(qp, cq, mr, p, posted)
 }
 
-/// Receive `i` of a SEND bandwidth run: slot `i` of the buffer, cyclically.
+/// Receive `i` of a SEND bandwidth run: one of the buffer's two halves,
+/// in turn. A receive larger than the message takes it all the same, and
+/// one left posted by a smaller size of an `-a` run (UC lost its message)
+/// must not fail a larger one with a local length error.
 fn post_bw_recv(qp: &QueuePair<'_>, mr: &MemoryRegion<'_>, p: &PerfParams, i: u64) -> Result<()> {
-    let slots = (mr.len() / u64::from(p.size.max(1))).max(1);
-    let sge = [mr.sge((i % slots) * u64::from(p.size), p.size)];
+    let (len, _) = lat_layout(mr, p.size);
+    let slots = (mr.len() / u64::from(len)).max(1);
+    let sge = [mr.sge((i % slots) * u64::from(len), len)];
     qp.post_recv(&[RecvWr {
         wr_id: i,
         sg_list: &sge,
@@ -389,9 +393,24 @@ pub fn send_lat(
     send_lat_from(qp, cq, mr, p, client)
 }
 
+/// Where SEND receives go (from 0, as long as half the buffer) and where a
+/// ping-pong sends from (the upper half), so a receive takes any message
+/// the buffer can hold: receives stay posted from one size to the next of
+/// an `-a` run (two of a ping-pong; a bandwidth run's where UC lost their
+/// messages), and one sized for the smaller message would fail the larger
+/// one with a local length error.
+fn lat_layout(mr: &MemoryRegion<'_>, size: u32) -> (u32, u64) {
+    let half = u32::try_from(mr.len() / 2).unwrap_or(u32::MAX);
+    if half >= size.max(1) {
+        (half, u64::from(half))
+    } else {
+        (size.max(1), u64::from(size.max(1)))
+    }
+}
+
 /// One receive of a SEND ping-pong (the same buffer every time).
 fn post_lat_recv(qp: &QueuePair<'_>, mr: &MemoryRegion<'_>, p: &PerfParams) -> Result<()> {
-    let sge = [mr.sge(0, p.size.max(1))];
+    let sge = [mr.sge(0, lat_layout(mr, p.size).0)];
     qp.post_recv(&[RecvWr {
         wr_id: 0,
         sg_list: &sge,
@@ -416,7 +435,7 @@ pub fn send_lat_from(
     client: bool,
 ) -> Result<PerfResult> {
     let size = p.size;
-    let send_sge = [mr.sge(u64::from(size.max(1)), size)];
+    let send_sge = [mr.sge(lat_layout(mr, size).1, size)];
     let post_recv = || post_lat_recv(qp, mr, p);
     // An unsignaled send's queue slot is free only once a later signaled
     // send completes (ibverbs): never more in a row than the queue holds.

@@ -138,6 +138,31 @@ fn uc_write_and_send_run() {
     }
 }
 
+/// `-a` for SEND: each size's receives are posted before a hand-shake lets
+/// the sender start, and receives left from a smaller size take a larger
+/// message (a ping-pong keeps two posted across sizes; they used to fail
+/// the next size with a local length error).
+#[test]
+fn send_all_sizes_run_to_the_end() {
+    for (i, args) in [
+        &["send", "--lat", "-a", "-n", "5"][..],
+        &["send", "-a", "-n", "5"][..],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (c, s) = pair(args, port(20 + i as u16));
+        let (cl, sl) = (lines(&c), lines(&s));
+        assert_eq!((cl.len(), sl.len()), (23, 23), "{args:?}");
+        for (x, y) in cl.iter().zip(&sl) {
+            assert_eq!(x["bytes"], y["bytes"]);
+            assert_eq!(x["iterations"], 5);
+            assert_eq!(y["iterations"], 5, "{args:?}: {y}");
+            assert_eq!(y["data_verified"], true, "{args:?}: {y}");
+        }
+    }
+}
+
 #[test]
 fn unsupported_combinations_are_refused() {
     for (args, says) in [

@@ -505,9 +505,10 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     let op = a.op();
     let mut all_ok = true;
     let mut last_report = BwReport::default();
-    for &size in &sizes {
-        let pre = preposted.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let pre = pre.as_deref();
+    let d0 = session.my_dests[0];
+    let send_test = a.test() == Test::Send;
+    for (k, &size) in sizes.iter().enumerate() {
+        let mut pre = preposted.lock().unwrap_or_else(|p| p.into_inner()).take();
         let mut p = PerfParams::new(op, size, a.iters());
         p.tx_depth = a.tx_depth;
         // Busy polling spins on the CQ between polls, as perftest does.
@@ -516,11 +517,29 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         if p.duration.is_some() {
             p.iters = u64::MAX;
         }
+        if send_test && k > 0 {
+            // perftest's SEND tools, each size after the first (the first
+            // was posted while connecting): the receiving side posts its
+            // receives, then a hand-shake lets the sender go.
+            let mut counts = Vec::new();
+            for e in &ends {
+                let n = if a.lat {
+                    perf::send_lat_prepost(&e.qp, &mr, &p).map(|()| 2)
+                } else if !client {
+                    perf::bw_prepost(&e.qp, &mr, &p, SEND_BW_RX_DEPTH)
+                } else {
+                    Ok(0)
+                };
+                counts.push(n.map_err(|e| e.to_string())?);
+            }
+            pre = Some(counts);
+            session.conn.sync(&d0).map_err(|e| e.to_string())?;
+        }
+        let pre = pre.as_deref();
         let (result, peer) = if a.bidirectional {
             // perftest's duplex order per size: a barrier, both sides run,
             // (with -a, a barrier after the run from perftest 4.6 on), then
             // the reports cross and each side prints the sum.
-            let d0 = session.my_dests[0];
             session.conn.sync(&d0).map_err(|e| e.to_string())?;
             let r = run_client(a, setup, &p, pre)?;
             if a.all && session.negotiated.remote_version_num >= 4.6 {
@@ -538,6 +557,10 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         } else {
             (run_server(a, setup, &p, pre)?, None)
         };
+        if send_test && !a.lat && a.all {
+            // ib_send_bw -a: a hand-shake after each size too.
+            session.conn.sync(&d0).map_err(|e| e.to_string())?;
+        }
         let Some((res, check)) = result else { continue };
         let ok = match check {
             Check::Verified => true,
