@@ -298,14 +298,12 @@ pub fn bw_receiver(
     bw_receiver_from(qp, cq, mr, p, posted)
 }
 
-/// Receive `i` of a SEND bandwidth run: one of the buffer's two halves,
-/// in turn. A receive larger than the message takes it all the same, and
-/// one left posted by a smaller size of an `-a` run (UC lost its message)
-/// must not fail a larger one with a local length error.
+/// Receive `i` of a SEND bandwidth run: slot `i` of the buffer, cyclically,
+/// where [`bw_requester`] sends message `i` from, so what lands matches the
+/// pattern the sender's buffer holds there.
 fn post_bw_recv(qp: &QueuePair<'_>, mr: &MemoryRegion<'_>, p: &PerfParams, i: u64) -> Result<()> {
-    let (len, _) = lat_layout(mr, p.size);
-    let slots = (mr.len() / u64::from(len)).max(1);
-    let sge = [mr.sge((i % slots) * u64::from(len), len)];
+    let slots = (mr.len() / u64::from(p.size.max(1))).max(1);
+    let sge = [mr.sge((i % slots) * u64::from(p.size), p.size)];
     qp.post_recv(&[RecvWr {
         wr_id: i,
         sg_list: &sge,
@@ -393,12 +391,11 @@ pub fn send_lat(
     send_lat_from(qp, cq, mr, p, client)
 }
 
-/// Where SEND receives go (from 0, as long as half the buffer) and where a
-/// ping-pong sends from (the upper half), so a receive takes any message
-/// the buffer can hold: receives stay posted from one size to the next of
-/// an `-a` run (two of a ping-pong; a bandwidth run's where UC lost their
-/// messages), and one sized for the smaller message would fail the larger
-/// one with a local length error.
+/// Where a SEND ping-pong receives (from 0, as long as half the buffer)
+/// and sends from (the upper half), so a receive takes any message the
+/// buffer can hold: two receives stay posted from one size to the next of
+/// an `-a` run, and ones sized for the smaller message would fail the
+/// larger one with a local length error.
 fn lat_layout(mr: &MemoryRegion<'_>, size: u32) -> (u32, u64) {
     let half = u32::try_from(mr.len() / 2).unwrap_or(u32::MAX);
     if half >= size.max(1) {
@@ -406,6 +403,12 @@ fn lat_layout(mr: &MemoryRegion<'_>, size: u32) -> (u32, u64) {
     } else {
         (size.max(1), u64::from(size.max(1)))
     }
+}
+
+/// Where [`send_lat`] sends its `size`-byte messages from in `mr` (it
+/// receives at 0): fill the pattern there to check what arrives.
+pub fn send_lat_source(mr: &MemoryRegion<'_>, size: u32) -> u64 {
+    lat_layout(mr, size).1
 }
 
 /// One receive of a SEND ping-pong (the same buffer every time).

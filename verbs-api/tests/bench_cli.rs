@@ -82,8 +82,9 @@ fn bidirectional_runs_report_the_sum_of_both_directions() {
             assert!(x["test"].as_str().unwrap().contains("Bidirectional BW"));
             assert_eq!(x["bytes"], y["bytes"]);
             assert_eq!(x["bidirectional"], true);
-            assert_eq!(x["data_verified"], true, "{x}");
-            assert_eq!(y["data_verified"], true, "{y}");
+            // Each side read back what it wrote (WRITE) or checked what it read.
+            assert_eq!(x["data_check"], "verified", "{x}");
+            assert_eq!(y["data_check"], "verified", "{y}");
             assert_eq!(x["local_bw_mb_s"], y["remote_bw_mb_s"], "{args:?}");
             assert_eq!(x["remote_bw_mb_s"], y["local_bw_mb_s"], "{args:?}");
             let sum = x["local_bw_mb_s"].as_f64().unwrap() + x["remote_bw_mb_s"].as_f64().unwrap();
@@ -133,6 +134,7 @@ fn uc_write_and_send_run() {
                 "{}",
                 String::from_utf8_lossy(&s.stderr)
             );
+            assert_eq!(sl[0]["data_check"], "verified", "{}", sl[0]);
             assert_eq!(sl[0]["data_verified"], true);
         }
     }
@@ -154,11 +156,16 @@ fn send_all_sizes_run_to_the_end() {
         let (c, s) = pair(args, port(20 + i as u16));
         let (cl, sl) = (lines(&c), lines(&s));
         assert_eq!((cl.len(), sl.len()), (23, 23), "{args:?}");
+
         for (x, y) in cl.iter().zip(&sl) {
             assert_eq!(x["bytes"], y["bytes"]);
             assert_eq!(x["iterations"], 5);
             assert_eq!(y["iterations"], 5, "{args:?}: {y}");
             assert_eq!(y["data_verified"], true, "{args:?}: {y}");
+            if !args.contains(&"--lat") {
+                // The receiver found the sender's pattern at every size.
+                assert_eq!(y["data_check"], "verified", "{args:?}: {y}");
+            }
         }
     }
 }

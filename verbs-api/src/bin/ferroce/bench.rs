@@ -576,7 +576,12 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             }
         };
         all_ok &= ok;
-        print_result(a, &res, peer.as_ref(), ok, peer_is_ferroce);
+        let data_check = match check {
+            Check::Verified => "verified".to_string(),
+            Check::Mismatch(at) => format!("wrong byte at offset {at}"),
+            Check::Skipped(why) => format!("skipped: {why}"),
+        };
+        print_result(a, &res, peer.as_ref(), (ok, &data_check), peer_is_ferroce);
         last_report = bw_report(&res);
     }
     if write_lat {
@@ -836,6 +841,15 @@ fn run_server(
                     "received {got} of {want} messages: UC does not resend lost ones \
                      (perftest's server ends the same way)"
                 );
+                if a.all && p.size < *a.sizes().last().unwrap_or(&0) {
+                    // The lost messages' receives stay posted, sized for this message:
+                    // a larger one would meet them and fail with a length error.
+                    return Err(format!(
+                        "stopping -a after {} B: receives left posted for lost UC messages \
+                         cannot take larger ones (run the sizes one by one with -s)",
+                        p.size
+                    ));
+                }
             }
             let res = PerfResult {
                 op: p.op,
@@ -904,7 +918,7 @@ fn print_result(
     a: &Args,
     r: &PerfResult,
     peer: Option<&BwReport>,
-    ok: bool,
+    (ok, data_check): (bool, &str),
     peer_is_ferroce: bool,
 ) {
     let (peer_mb, peer_mpps) = peer.map_or((0.0, 0.0), |p| (p.bw_avg, p.msg_rate_avg));
@@ -918,6 +932,7 @@ fn print_result(
             "iterations": r.iters,
             "seconds": r.elapsed.as_secs_f64(),
             "data_verified": ok,
+            "data_check": data_check,
             "peer_is_ferroce": peer_is_ferroce,
         });
         if let Some((min, typ, avg, p99, max)) = r.lat_summary() {

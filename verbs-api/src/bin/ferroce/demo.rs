@@ -273,8 +273,12 @@ fn run_tests(ca: &Context, cb: &Context) -> Result<Vec<Row>, ferroce_verbs::Erro
             (PerfOp::Send, true) => {
                 // Both sides ping-pong; B answers from its own thread.
                 let a_pat = SEED ^ u64::from(size);
-                perf::fill_pattern(&m.a, u64::from(size), u64::from(size), a_pat)?;
-                perf::fill_pattern(&m.b, u64::from(size), u64::from(size), a_pat)?;
+                let (from_a, from_b) = (
+                    perf::send_lat_source(&m.a, size),
+                    perf::send_lat_source(&m.b, size),
+                );
+                perf::fill_pattern(&m.a, from_a, u64::from(size), a_pat)?;
+                perf::fill_pattern(&m.b, from_b, u64::from(size), a_pat)?;
                 let res = std::thread::scope(|s| {
                     let server = s.spawn(|| perf::send_lat(&b.qp, &b.cq, &m.b, &p, false));
                     let client = perf::send_lat(&a.qp, &a.cq, &m.a, &p, true);
