@@ -1066,8 +1066,7 @@ fn perftest_bw_interop() {
         ipv6: false,
         what: "bidirectional, 65536 B × 20 each way",
     };
-    // (SEND has no -b in ferroce bench.)
-    for (tool, test, label, ops) in tools.into_iter().filter(|t| t.1 != "send") {
+    for (tool, test, label, ops) in tools {
         let mut case = perf_case(&env, tool, test, &bidi, ops).timeout(90);
         case.operation = format!("{label} {}", bidi.what);
         for c in both_roles(case) {
@@ -1164,7 +1163,8 @@ fn perftest_bw_interop() {
          for every tool and role would take tens of minutes under TCG): one multi-packet size at \
          MTU 1024 and one at MTU 4096 with 8 QPs, each also in a variant small enough to stay \
          inside the span a stock perftest advertises (it registers max(size, 4096) bytes); \
-         bidirectional WRITE and READ (`-b`: both sides send, each prints the sum), also with `-a`; \
+         bidirectional WRITE, READ and SEND (`-b`: both sides send, each prints the sum), WRITE also \
+         with `-a`; \
          WRITE and SEND over UC (`-c UC`); \
          then `-a` (2 B to 8 MiB) for WRITE with ferroce as the client and for SEND in both roles. perftest itself checks no \
          data; ferroce's client reads WRITEs back and checks READ data when the peer is ferroce.",

@@ -299,11 +299,14 @@ pub fn bw_receiver(
 }
 
 /// Receive `i` of a SEND bandwidth run: slot `i` of the buffer, cyclically,
-/// where [`bw_requester`] sends message `i` from, so what lands matches the
-/// pattern the sender's buffer holds there.
+/// where [`bw_requester`] sends message `i` from (slots of at least 8
+/// bytes), so what lands matches the pattern the sender's buffer holds
+/// there. (A bidirectional run sends from the buffer it receives into:
+/// a message landing elsewhere would spoil the next size's data.)
 fn post_bw_recv(qp: &QueuePair<'_>, mr: &MemoryRegion<'_>, p: &PerfParams, i: u64) -> Result<()> {
-    let slots = (mr.len() / u64::from(p.size.max(1))).max(1);
-    let sge = [mr.sge((i % slots) * u64::from(p.size), p.size)];
+    let slot = u64::from(p.size.max(8));
+    let slots = (mr.len() / slot).max(1);
+    let sge = [mr.sge((i % slots) * slot, p.size)];
     qp.post_recv(&[RecvWr {
         wr_id: i,
         sg_list: &sge,

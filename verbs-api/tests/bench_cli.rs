@@ -69,6 +69,9 @@ fn bidirectional_runs_report_the_sum_of_both_directions() {
         &["read", "-b", "-s", "65536", "-n", "200"][..],
         // Every size: a barrier before each and a report after each.
         &["write", "-b", "-a", "-n", "20"][..],
+        // Each side sends and receives at once (its own CQ for each).
+        &["send", "-b", "-s", "8192", "-n", "300"][..],
+        &["send", "-b", "-a", "-n", "20"][..],
     ]
     .into_iter()
     .enumerate()
@@ -173,8 +176,8 @@ fn send_all_sizes_run_to_the_end() {
 #[test]
 fn unsupported_combinations_are_refused() {
     for (args, says) in [
-        (&["send", "-b"][..], "-b (bidirectional)"),
         (&["write", "-b", "--lat"][..], "-b (bidirectional)"),
+        (&["send", "-b", "-D", "2"][..], "send bandwidth needs -n"),
         (&["read", "-c", "UC"][..], "UC has no RDMA READ"),
         (
             &["atomic", "-c", "UC"][..],

@@ -102,8 +102,8 @@ pub struct Args {
     #[arg(short = 'c', long = "connection", value_enum, default_value = "RC")]
     pub connection: Connection,
     /// Bidirectional bandwidth (perftest's `-b`): both sides run the test
-    /// at once and each reports the sum of both directions. WRITE, READ and
-    /// atomic bandwidth; the peer must be run with it too.
+    /// at once and each reports the sum of both directions (WRITE, READ,
+    /// SEND, atomic). The peer must be run with it too.
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,
     /// Outstanding work requests per QP in bandwidth tests.
@@ -272,6 +272,8 @@ pub fn run(a: Args) -> i32 {
 struct End<'pd> {
     qp: QueuePair<'pd>,
     cq: CompletionQueue,
+    /// The receive CQ when it is not `cq` (bidirectional SEND).
+    rcq: Option<CompletionQueue>,
 }
 
 /// What every size's run uses: the QPs, the buffer (`per_qp` bytes a QP),
@@ -303,11 +305,8 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         }
         _ => {}
     }
-    if a.bidirectional && (a.lat || a.test() == Test::Send) {
-        return Err(
-            "-b (bidirectional) is for WRITE, READ and atomic bandwidth tests (not SEND, not --lat)"
-                .into(),
-        );
+    if a.bidirectional && a.lat {
+        return Err("-b (bidirectional) is for bandwidth tests, not --lat".into());
     }
     let ctx = open(a)?;
     let port = ctx.query_port();
@@ -358,15 +357,25 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         let cq = ctx
             .create_cq(a.tx_depth * 2 + 1024)
             .map_err(|e| format!("Couldn't create CQ: {e}"))?;
+        // A bidirectional SEND run sends and receives at once, each from its
+        // own thread: each polls its own CQ (perftest's send_cq and recv_cq).
+        let rcq = if a.bidirectional && a.test() == Test::Send {
+            Some(
+                ctx.create_cq(SEND_BW_RX_DEPTH + 1024)
+                    .map_err(|e| format!("Couldn't create CQ: {e}"))?,
+            )
+        } else {
+            None
+        };
         let qp = pd
             .create_qp()
             .qp_type(a.qp_type())
             .max_send_wr(a.tx_depth.max(16))
             .max_recv_wr(1024)
-            .build(&cq, &cq)
+            .build(&cq, rcq.as_ref().unwrap_or(&cq))
             .map_err(|e| format!("Couldn't create QP: {e}"))?;
         qp.to_init(&opts).map_err(|e| e.to_string())?;
-        ends.push(End { qp, cq });
+        ends.push(End { qp, cq, rcq });
     }
     let my_dests: Vec<PerftestDest> = ends
         .iter()
@@ -435,7 +444,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             for e in &ends {
                 let n = if a.lat {
                     perf::send_lat_prepost(&e.qp, &mr, &first).map(|()| 2)
-                } else if !client {
+                } else if !client || a.bidirectional {
                     perf::bw_prepost(&e.qp, &mr, &first, SEND_BW_RX_DEPTH)
                 } else {
                     Ok(0)
@@ -525,7 +534,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             for e in &ends {
                 let n = if a.lat {
                     perf::send_lat_prepost(&e.qp, &mr, &p).map(|()| 2)
-                } else if !client {
+                } else if !client || a.bidirectional {
                     perf::bw_prepost(&e.qp, &mr, &p, SEND_BW_RX_DEPTH)
                 } else {
                     Ok(0)
@@ -539,10 +548,18 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         let (result, peer) = if a.bidirectional {
             // perftest's duplex order per size: a barrier, both sides run,
             // (with -a, a barrier after the run from perftest 4.6 on), then
-            // the reports cross and each side prints the sum.
-            session.conn.sync(&d0).map_err(|e| e.to_string())?;
-            let r = run_client(a, setup, &p, pre)?;
-            if a.all && session.negotiated.remote_version_num >= 4.6 {
+            // the reports cross and each side prints the sum. ib_send_bw's
+            // barrier is its SEND one (receives posted first, above), and it
+            // has no second one.
+            if !send_test {
+                session.conn.sync(&d0).map_err(|e| e.to_string())?;
+            }
+            let r = if send_test {
+                run_duplex_send(setup, &p, pre)?
+            } else {
+                run_client(a, setup, &p, pre)?
+            };
+            if !send_test && a.all && session.negotiated.remote_version_num >= 4.6 {
                 session.conn.sync(&d0).map_err(|e| e.to_string())?;
             }
             let mine = r
@@ -715,6 +732,73 @@ fn run_client(
         Check::Skipped("the peer does not allow reading its buffer back")
     } else {
         verify_client(ends, mr, remotes, per_qp, p, &res)?
+    };
+    Ok(Some((res, check)))
+}
+
+/// Bidirectional SEND bandwidth: per QP, one thread sends (polling the send
+/// CQ) while another receives (polling the receive CQ, its first receives
+/// already posted); the result is what this side sent, the check what it
+/// received.
+fn run_duplex_send(
+    setup: Setup<'_, '_>,
+    p: &PerfParams,
+    preposted: Option<&[u64]>,
+) -> Result<Option<(PerfResult, Check)>, String> {
+    let Setup {
+        ends, mr, remotes, ..
+    } = setup;
+    // Every QP's sender and receiver at once.
+    let results: Vec<Result<(PerfResult, u64), String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = ends
+            .iter()
+            .zip(remotes)
+            .enumerate()
+            .map(|(i, (e, r))| {
+                let rcq = e.rcq.as_ref().unwrap_or(&e.cq);
+                let pre = preposted.and_then(|v| v.get(i)).copied();
+                let recv = s.spawn(move || match pre {
+                    Some(n) => perf::bw_receiver_from(&e.qp, rcq, mr, p, n),
+                    None => perf::bw_receiver(&e.qp, rcq, mr, p, SEND_BW_RX_DEPTH),
+                });
+                let send = s.spawn(move || perf::bw_requester(&e.qp, &e.cq, mr, r, p));
+                (send, recv)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(send, recv)| {
+                let panicked = || "worker panicked".to_string();
+                let sent = send.join().map_err(|_| panicked())?;
+                let got = recv.join().map_err(|_| panicked())?;
+                sent.and_then(|s| got.map(|g| (s, g)))
+                    .map_err(|x| x.to_string())
+            })
+            .collect()
+    });
+    let mut total: Option<PerfResult> = None;
+    let mut got = 0;
+    for r in results {
+        let (r, g) = r?;
+        got += g;
+        total = Some(match total {
+            None => r,
+            Some(mut t) => {
+                t.iters += r.iters;
+                t.elapsed = t.elapsed.max(r.elapsed);
+                t
+            }
+        });
+    }
+    let Some(res) = total else { return Ok(None) };
+    let want = p.iters * ends.len() as u64;
+    if got < want {
+        eprintln!("received {got} of {want} messages: UC does not resend lost ones");
+    }
+    let span = u64::from(p.size).min(mr.len());
+    let check = match perf::check_pattern(mr, 0, span, PATTERN_SEED).map_err(|x| x.to_string())? {
+        None => Check::Verified,
+        Some(_) => Check::Skipped("the sender's data is not ferroce's pattern"),
     };
     Ok(Some((res, check)))
 }
