@@ -440,17 +440,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             .map_err(|e| e.to_string())?;
         }
         if a.test() == Test::Send {
-            let mut counts = Vec::new();
-            for e in &ends {
-                let n = if a.lat {
-                    perf::send_lat_prepost(&e.qp, &mr, &first).map(|()| 2)
-                } else if !client || a.bidirectional {
-                    perf::bw_prepost(&e.qp, &mr, &first, SEND_BW_RX_DEPTH)
-                } else {
-                    Ok(0)
-                };
-                counts.push(n.map_err(|e| e.to_string())?);
-            }
+            let counts = prepost_send(a, &ends, &mr, &first)?;
             *preposted.lock().unwrap_or_else(|p| p.into_inner()) = Some(counts);
         }
         Ok(())
@@ -530,18 +520,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             // perftest's SEND tools, each size after the first (the first
             // was posted while connecting): the receiving side posts its
             // receives, then a hand-shake lets the sender go.
-            let mut counts = Vec::new();
-            for e in &ends {
-                let n = if a.lat {
-                    perf::send_lat_prepost(&e.qp, &mr, &p).map(|()| 2)
-                } else if !client || a.bidirectional {
-                    perf::bw_prepost(&e.qp, &mr, &p, SEND_BW_RX_DEPTH)
-                } else {
-                    Ok(0)
-                };
-                counts.push(n.map_err(|e| e.to_string())?);
-            }
-            pre = Some(counts);
+            pre = Some(prepost_send(a, &ends, &mr, &p)?);
             session.conn.sync(&d0).map_err(|e| e.to_string())?;
         }
         let pre = pre.as_deref();
@@ -557,7 +536,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             let r = if send_test {
                 run_duplex_send(setup, &p, pre)?
             } else {
-                run_client(a, setup, &p, pre)?
+                run_requesters(setup, &p)?.map(|res| (res, Check::Verified))
             };
             if !send_test && a.all && session.negotiated.remote_version_num >= 4.6 {
                 session.conn.sync(&d0).map_err(|e| e.to_string())?;
@@ -567,6 +546,14 @@ fn run_inner(a: &Args) -> Result<bool, String> {
                 .map(|(res, _)| bw_report(res))
                 .unwrap_or_default();
             let theirs = session.xchg_bw_report(&mine).map_err(|e| e.to_string())?;
+            // Both sides have finished: check what this one moved.
+            let r = match r {
+                Some((res, _)) if !send_test => {
+                    let check = client_check(a, setup, &p, &res)?;
+                    Some((res, check))
+                }
+                r => r,
+            };
             (r, Some(theirs))
         } else if client {
             let r = run_client(a, setup, &p, pre)?;
@@ -679,7 +666,7 @@ fn run_client(
         mr,
         remotes,
         per_qp,
-        peer_is_ferroce,
+        ..
     } = setup;
     let e0 = &ends[0];
     if a.lat {
@@ -695,6 +682,18 @@ fn run_client(
             Check::Skipped("latency tests move no checkable data"),
         )));
     }
+    let Some(res) = run_requesters(setup, p)? else {
+        return Ok(None);
+    };
+    let check = client_check(a, setup, p, &res)?;
+    Ok(Some((res, check)))
+}
+
+/// Every QP's requester at once (bandwidth); their results as one.
+fn run_requesters(setup: Setup<'_, '_>, p: &PerfParams) -> Result<Option<PerfResult>, String> {
+    let Setup {
+        ends, mr, remotes, ..
+    } = setup;
     // Each QP runs the test on its own slice of the buffer, concurrently.
     let results: Vec<Result<PerfResult, String>> = std::thread::scope(|s| {
         let handles: Vec<_> = ends
@@ -711,19 +710,27 @@ fn run_client(
             .map(|h| h.join().unwrap_or_else(|_| Err("worker panicked".into())))
             .collect()
     });
-    let mut total: Option<PerfResult> = None;
-    for r in results {
-        let r = r?;
-        total = Some(match total {
-            None => r,
-            Some(mut t) => {
-                t.iters += r.iters;
-                t.elapsed = t.elapsed.max(r.elapsed);
-                t
-            }
-        });
-    }
-    let Some(res) = total else { return Ok(None) };
+    let results = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    Ok(combine(results))
+}
+
+/// The client's data check after a bandwidth run (see [`verify_client`]).
+/// A bidirectional WRITE run checks only once the peer has finished too
+/// (after the reports crossed): its WRITEs land in the buffer the read-back
+/// uses.
+fn client_check(
+    a: &Args,
+    setup: Setup<'_, '_>,
+    p: &PerfParams,
+    res: &PerfResult,
+) -> Result<Check, String> {
+    let Setup {
+        ends,
+        mr,
+        remotes,
+        per_qp,
+        peer_is_ferroce,
+    } = setup;
     // A stock ib_write_bw registers no remote READ: reading back would draw a NAK and put the QP
     // in error, ending an `-a` run after its first size.
     let check = if p.op == PerfOp::Write && a.connection == Connection::UC {
@@ -731,9 +738,42 @@ fn run_client(
     } else if p.op == PerfOp::Write && !peer_is_ferroce {
         Check::Skipped("the peer does not allow reading its buffer back")
     } else {
-        verify_client(ends, mr, remotes, per_qp, p, &res)?
+        verify_client(ends, mr, remotes, per_qp, p, res)?
     };
-    Ok(Some((res, check)))
+    Ok(check)
+}
+
+/// The QPs' results of one run as one: their iterations, the longest time.
+fn combine(results: Vec<PerfResult>) -> Option<PerfResult> {
+    results.into_iter().reduce(|mut t, r| {
+        t.iters += r.iters;
+        t.elapsed = t.elapsed.max(r.elapsed);
+        t
+    })
+}
+
+/// A SEND run's first receives, posted before the hand-shake that lets the
+/// peer start: two per ping-pong side, a bandwidth run's on the receiving
+/// side (both sides with `-b`). Per QP, how many.
+fn prepost_send(
+    a: &Args,
+    ends: &[End<'_>],
+    mr: &MemoryRegion<'_>,
+    p: &PerfParams,
+) -> Result<Vec<u64>, String> {
+    let receives = a.servername.is_none() || a.bidirectional;
+    ends.iter()
+        .map(|e| {
+            if a.lat {
+                perf::send_lat_prepost(&e.qp, mr, p).map(|()| 2)
+            } else if receives {
+                perf::bw_prepost(&e.qp, mr, p, SEND_BW_RX_DEPTH)
+            } else {
+                Ok(0)
+            }
+            .map_err(|e| e.to_string())
+        })
+        .collect()
 }
 
 /// Bidirectional SEND bandwidth: per QP, one thread sends (polling the send
@@ -776,21 +816,15 @@ fn run_duplex_send(
             })
             .collect()
     });
-    let mut total: Option<PerfResult> = None;
-    let mut got = 0;
-    for r in results {
-        let (r, g) = r?;
-        got += g;
-        total = Some(match total {
-            None => r,
-            Some(mut t) => {
-                t.iters += r.iters;
-                t.elapsed = t.elapsed.max(r.elapsed);
-                t
-            }
-        });
-    }
-    let Some(res) = total else { return Ok(None) };
+    let (sent, got): (Vec<PerfResult>, Vec<u64>) = results
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .unzip();
+    let got: u64 = got.iter().sum();
+    let Some(res) = combine(sent) else {
+        return Ok(None);
+    };
     let want = p.iters * ends.len() as u64;
     if got < want {
         eprintln!("received {got} of {want} messages: UC does not resend lost ones");
