@@ -173,11 +173,22 @@ fn send_all_sizes_run_to_the_end() {
     }
 }
 
+/// perftest command lines carry `-i 1`, `-I`, `-e`: accepted.
+#[test]
+fn perftest_flags_are_accepted() {
+    let args = [
+        "write", "-s", "4096", "-n", "200", "-i", "1", "-I", "64", "-e",
+    ];
+    let (c, _) = pair(&args, port(30));
+    assert_eq!(lines(&c)[0]["data_check"], "verified");
+}
+
 #[test]
 fn unsupported_combinations_are_refused() {
     for (args, says) in [
         (&["write", "-b", "--lat"][..], "-b (bidirectional)"),
         (&["send", "-b", "-D", "2"][..], "send bandwidth needs -n"),
+        (&["write", "-i", "2"][..], "one port, port 1"),
         (&["read", "-c", "UC"][..], "UC has no RDMA READ"),
         (
             &["atomic", "-c", "UC"][..],

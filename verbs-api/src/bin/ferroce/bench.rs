@@ -97,6 +97,18 @@ pub struct Args {
     /// Don't fail on CPU-frequency warnings (accepted for perftest compatibility).
     #[arg(short = 'F', long = "CPU-freq")]
     pub cpu_freq: bool,
+    /// Port (perftest's `-i`): a ferroce device has one, port 1.
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    pub ib_port: u8,
+    /// Inline size (perftest's `-I`): accepted and has no effect; ferroce
+    /// copies every payload into its frame, there is no inline limit.
+    #[arg(short = 'I', long = "inline_size")]
+    pub inline_size: Option<u32>,
+    /// Wait for completions on the completion channel (perftest's `-e`):
+    /// the engine thread runs the device and the test sleeps between
+    /// completions, which is also what happens without `--busy-poll`.
+    #[arg(short = 'e', long = "events", conflicts_with = "busy_poll")]
+    pub events: bool,
     /// Connection type, as perftest's `-c`: RC, or UC (WRITE and SEND only: no
     /// READ or atomics, no ACKs, a lost packet loses its message).
     #[arg(short = 'c', long = "connection", value_enum, default_value = "RC")]
@@ -304,6 +316,12 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             return Err("-c UC has no RDMA READ or atomics: use write or send".into())
         }
         _ => {}
+    }
+    if a.ib_port != 1 {
+        return Err(format!(
+            "-i {}: a ferroce device has one port, port 1",
+            a.ib_port
+        ));
     }
     if a.bidirectional && a.lat {
         return Err("-b (bidirectional) is for bandwidth tests, not --lat".into());
