@@ -394,29 +394,26 @@ pub fn send_lat(
     send_lat_from(qp, cq, mr, p, client)
 }
 
-/// Where a SEND ping-pong receives (from 0, as long as half the buffer)
-/// and sends from (the upper half), so a receive takes any message the
-/// buffer can hold: two receives stay posted from one size to the next of
-/// an `-a` run, and ones sized for the smaller message would fail the
-/// larger one with a local length error.
-fn lat_layout(mr: &MemoryRegion<'_>, size: u32) -> (u32, u64) {
-    let half = u32::try_from(mr.len() / 2).unwrap_or(u32::MAX);
-    if half >= size.max(1) {
-        (half, u64::from(half))
-    } else {
-        (size.max(1), u64::from(size.max(1)))
-    }
+/// A SEND ping-pong receives at 0 into this many bytes and sends from
+/// this offset: half the buffer (at least the message), so a receive takes
+/// any message the buffer can hold: two receives stay posted from one size
+/// to the next of an `-a` run, and ones sized for the smaller message would
+/// fail the larger one with a local length error.
+fn lat_half(mr: &MemoryRegion<'_>, size: u32) -> u32 {
+    u32::try_from(mr.len() / 2)
+        .unwrap_or(u32::MAX)
+        .max(size.max(1))
 }
 
 /// Where [`send_lat`] sends its `size`-byte messages from in `mr` (it
 /// receives at 0): fill the pattern there to check what arrives.
 pub fn send_lat_source(mr: &MemoryRegion<'_>, size: u32) -> u64 {
-    lat_layout(mr, size).1
+    u64::from(lat_half(mr, size))
 }
 
 /// One receive of a SEND ping-pong (the same buffer every time).
 fn post_lat_recv(qp: &QueuePair<'_>, mr: &MemoryRegion<'_>, p: &PerfParams) -> Result<()> {
-    let sge = [mr.sge(0, lat_layout(mr, p.size).0)];
+    let sge = [mr.sge(0, lat_half(mr, p.size))];
     qp.post_recv(&[RecvWr {
         wr_id: 0,
         sg_list: &sge,
@@ -441,7 +438,7 @@ pub fn send_lat_from(
     client: bool,
 ) -> Result<PerfResult> {
     let size = p.size;
-    let send_sge = [mr.sge(lat_layout(mr, size).1, size)];
+    let send_sge = [mr.sge(send_lat_source(mr, size), size)];
     let post_recv = || post_lat_recv(qp, mr, p);
     // An unsignaled send's queue slot is free only once a later signaled
     // send completes (ibverbs): never more in a row than the queue holds.
@@ -593,9 +590,12 @@ pub fn write_lat(
             if Instant::now() > deadline {
                 return Err(Error::Timeout(p.timeout, "the peer's WRITE"));
             }
-            // Let this thread take frames itself when the device is free.
+            // Take frames from this thread when the device is free (one step
+            // in either engine mode: in thread mode the engine thread would
+            // otherwise have to preempt this spinning one), and surface a
+            // stopped engine.
             cq.try_progress();
-            cq.poll(0, &mut Vec::new())?;
+            cq.shared.check_engine()?;
             std::hint::spin_loop();
         }
     };
