@@ -32,21 +32,17 @@ impl Communicator<'_> {
             }
             // The incoming partial covers the ranks before us in the fold;
             // it is folded in chunk by chunk as it arrives.
+            let local = src.map(|src| &src[rb.clone()]);
             match src {
                 // Step 0 sends this rank's own block; later steps the one
                 // folded the step before (now in `buf`).
                 Some(src) if s == 0 => {
-                    let (snd, acc) = (&src[sb], &mut buf[rb.clone()]);
-                    self.sendrecv_fold((right, snd), (left, acc), Some(&src[rb]), op, true)?;
+                    let (snd, acc) = (&src[sb], &mut buf[rb]);
+                    self.sendrecv_fold((right, snd), (left, acc), local, op, true)?;
                 }
-                Some(src) => {
-                    let local = &src[rb.clone()];
+                _ => {
                     let (snd, acc) = split_pair(buf, sb, rb);
-                    self.sendrecv_fold((right, snd), (left, acc), Some(local), op, true)?;
-                }
-                None => {
-                    let (snd, acc) = split_pair(buf, sb, rb);
-                    self.sendrecv_fold((right, snd), (left, acc), None, op, true)?;
+                    self.sendrecv_fold((right, snd), (left, acc), local, op, true)?;
                 }
             }
         }

@@ -552,7 +552,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
                 session.conn.sync(&d0).map_err(|e| e.to_string())?;
             }
             let r = if send_test {
-                run_duplex_send(setup, &p, pre)?
+                run_duplex_send(a, setup, &p, pre)?
             } else {
                 run_requesters(setup, &p)?.map(|res| (res, Check::Verified))
             };
@@ -574,7 +574,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             };
             (r, Some(theirs))
         } else if client {
-            let r = run_client(a, setup, &p, pre)?;
+            let r = run_client(a, setup, &p)?;
             (r, None)
         } else {
             (run_server(a, setup, &p, pre)?, None)
@@ -584,26 +584,19 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             session.conn.sync(&d0).map_err(|e| e.to_string())?;
         }
         let Some((res, check)) = result else { continue };
-        let ok = match check {
-            Check::Verified => true,
+        match check {
+            Check::Verified => {}
             Check::Mismatch(at) => {
                 eprintln!("data check FAILED for size {size}: first wrong byte at offset {at}");
-                false
             }
             Check::Skipped(why) => {
                 if !a.json {
                     eprintln!("data check skipped for size {size}: {why}");
                 }
-                true
             }
-        };
-        all_ok &= ok;
-        let data_check = match check {
-            Check::Verified => "verified".to_string(),
-            Check::Mismatch(at) => format!("wrong byte at offset {at}"),
-            Check::Skipped(why) => format!("skipped: {why}"),
-        };
-        print_result(a, &res, peer.as_ref(), (ok, &data_check), peer_is_ferroce);
+        }
+        all_ok &= check.ok();
+        print_result(a, &res, peer.as_ref(), &check, peer_is_ferroce);
         last_report = bw_report(&res);
     }
     if write_lat {
@@ -672,12 +665,27 @@ enum Check {
     Skipped(&'static str),
 }
 
+impl Check {
+    /// Nothing wrong was found (a skipped check passes).
+    fn ok(&self) -> bool {
+        !matches!(self, Check::Mismatch(_))
+    }
+
+    /// The `data_check` of a JSON line.
+    fn describe(&self) -> String {
+        match self {
+            Check::Verified => "verified".to_string(),
+            Check::Mismatch(at) => format!("wrong byte at offset {at}"),
+            Check::Skipped(why) => format!("skipped: {why}"),
+        }
+    }
+}
+
 /// The client measures; returns the result and the data check.
 fn run_client(
     a: &Args,
     setup: Setup<'_, '_>,
     p: &PerfParams,
-    preposted: Option<&[u64]>,
 ) -> Result<Option<(PerfResult, Check)>, String> {
     let Setup {
         ends,
@@ -689,8 +697,8 @@ fn run_client(
     let e0 = &ends[0];
     if a.lat {
         let res = match p.op {
-            PerfOp::Send if preposted.is_some() => perf::send_lat_from(&e0.qp, &e0.cq, mr, p, true),
-            PerfOp::Send => perf::send_lat(&e0.qp, &e0.cq, mr, p, true),
+            // Its receives were posted before the hand-shake (prepost_send).
+            PerfOp::Send => perf::send_lat_from(&e0.qp, &e0.cq, mr, p, true),
             PerfOp::Write => perf::write_lat(&e0.qp, &e0.cq, mr, &remotes[0], p, false, per_qp / 2),
             _ => perf::op_lat(&e0.qp, &e0.cq, mr, &remotes[0], p),
         }
@@ -799,6 +807,7 @@ fn prepost_send(
 /// already posted); the result is what this side sent, the check what it
 /// received.
 fn run_duplex_send(
+    a: &Args,
     setup: Setup<'_, '_>,
     p: &PerfParams,
     preposted: Option<&[u64]>,
@@ -813,13 +822,10 @@ fn run_duplex_send(
             .zip(remotes)
             .enumerate()
             .map(|(i, (e, r))| {
-                let rcq = e.rcq.as_ref().unwrap_or(&e.cq);
-                let pre = preposted.and_then(|v| v.get(i)).copied();
-                let recv = s.spawn(move || match pre {
-                    Some(n) => perf::bw_receiver_from(&e.qp, rcq, mr, p, n),
-                    None => perf::bw_receiver(&e.qp, rcq, mr, p, SEND_BW_RX_DEPTH),
+                let recv = s.spawn(move || receive_sends(e, mr, p, preposted, i));
+                let send = s.spawn(move || {
+                    perf::bw_requester(&e.qp, &e.cq, mr, r, p).map_err(|x| x.to_string())
                 });
-                let send = s.spawn(move || perf::bw_requester(&e.qp, &e.cq, mr, r, p));
                 (send, recv)
             })
             .collect();
@@ -827,10 +833,9 @@ fn run_duplex_send(
             .into_iter()
             .map(|(send, recv)| {
                 let panicked = || "worker panicked".to_string();
-                let sent = send.join().map_err(|_| panicked())?;
-                let got = recv.join().map_err(|_| panicked())?;
-                sent.and_then(|s| got.map(|g| (s, g)))
-                    .map_err(|x| x.to_string())
+                let sent = send.join().map_err(|_| panicked())??;
+                let got = recv.join().map_err(|_| panicked())??;
+                Ok((sent, got))
             })
             .collect()
     });
@@ -843,16 +848,60 @@ fn run_duplex_send(
     let Some(res) = combine(sent) else {
         return Ok(None);
     };
-    let want = p.iters * ends.len() as u64;
-    if got < want {
-        eprintln!("received {got} of {want} messages: UC does not resend lost ones");
-    }
-    let span = u64::from(p.size).min(mr.len());
-    let check = match perf::check_pattern(mr, 0, span, PATTERN_SEED).map_err(|x| x.to_string())? {
-        None => Check::Verified,
-        Some(_) => Check::Skipped("the sender's data is not ferroce's pattern"),
-    };
+    let check = received_check(a, setup, p, got)?;
     Ok(Some((res, check)))
+}
+
+/// The SEND messages QP `i` of `e` receives in one run (on its receive
+/// CQ), its first receives posted by [`prepost_send`], or here without.
+fn receive_sends(
+    e: &End<'_>,
+    mr: &MemoryRegion<'_>,
+    p: &PerfParams,
+    preposted: Option<&[u64]>,
+    i: usize,
+) -> Result<u64, String> {
+    let cq = e.rcq.as_ref().unwrap_or(&e.cq);
+    match preposted.and_then(|v| v.get(i)) {
+        Some(&n) => perf::bw_receiver_from(&e.qp, cq, mr, p, n),
+        None => perf::bw_receiver(&e.qp, cq, mr, p, SEND_BW_RX_DEPTH),
+    }
+    .map_err(|x| x.to_string())
+}
+
+/// After a SEND bandwidth run in which every QP received `got` messages in
+/// all: a note if some were lost (UC; see `perf::bw_receiver_from`), an
+/// error if an `-a` run cannot go on, and the check of what landed.
+fn received_check(
+    a: &Args,
+    setup: Setup<'_, '_>,
+    p: &PerfParams,
+    got: u64,
+) -> Result<Check, String> {
+    let want = p.iters * setup.ends.len() as u64;
+    if got < want {
+        eprintln!(
+            "received {got} of {want} messages: UC does not resend lost ones \
+             (perftest's server ends the same way)"
+        );
+        if a.all && p.size < *a.sizes().last().unwrap_or(&0) {
+            // The lost messages' receives stay posted, sized for this message:
+            // a larger one would meet them and fail with a length error.
+            return Err(format!(
+                "stopping -a after {} B: receives left posted for lost UC messages \
+                 cannot take larger ones (run the sizes one by one with -s)",
+                p.size
+            ));
+        }
+    }
+    // The received messages hold the sender's pattern (ferroce peers fill it).
+    let span = u64::from(p.size).min(setup.per_qp);
+    Ok(
+        match perf::check_pattern(setup.mr, 0, span, PATTERN_SEED).map_err(|x| x.to_string())? {
+            None => Check::Verified,
+            Some(_) => Check::Skipped("the sender's data is not ferroce's pattern"),
+        },
+    )
 }
 
 /// WRITE: read back what we wrote and compare. READ: what arrived must be
@@ -938,11 +987,9 @@ fn run_server(
             )))
         }
         (PerfOp::Send, true) => {
-            let res = match preposted {
-                Some(_) => perf::send_lat_from(&e0.qp, &e0.cq, mr, p, false),
-                None => perf::send_lat(&e0.qp, &e0.cq, mr, p, false),
-            }
-            .map_err(|e| e.to_string())?;
+            // Its receives were posted before the hand-shake (prepost_send).
+            let res =
+                perf::send_lat_from(&e0.qp, &e0.cq, mr, p, false).map_err(|e| e.to_string())?;
             Ok(Some((
                 res,
                 Check::Skipped("latency tests move no checkable data"),
@@ -955,38 +1002,14 @@ fn run_server(
                 let hs: Vec<_> = ends
                     .iter()
                     .enumerate()
-                    .map(|(i, e)| {
-                        s.spawn(move || {
-                            match preposted.and_then(|v| v.get(i)) {
-                                Some(&n) => perf::bw_receiver_from(&e.qp, &e.cq, mr, p, n),
-                                None => perf::bw_receiver(&e.qp, &e.cq, mr, p, SEND_BW_RX_DEPTH),
-                            }
-                            .map_err(|x| x.to_string())
-                        })
-                    })
+                    .map(|(i, e)| s.spawn(move || receive_sends(e, mr, p, preposted, i)))
                     .collect();
                 for h in hs {
                     got += h.join().unwrap_or_else(|_| Err("worker panicked".into()))?;
                 }
                 Ok(())
             })?;
-            let want = p.iters * ends.len() as u64;
-            if got < want {
-                // Only UC ends short (see perf::bw_receiver_from).
-                eprintln!(
-                    "received {got} of {want} messages: UC does not resend lost ones \
-                     (perftest's server ends the same way)"
-                );
-                if a.all && p.size < *a.sizes().last().unwrap_or(&0) {
-                    // The lost messages' receives stay posted, sized for this message:
-                    // a larger one would meet them and fail with a length error.
-                    return Err(format!(
-                        "stopping -a after {} B: receives left posted for lost UC messages \
-                         cannot take larger ones (run the sizes one by one with -s)",
-                        p.size
-                    ));
-                }
-            }
+            let check = received_check(a, setup, p, got)?;
             let res = PerfResult {
                 op: p.op,
                 size: p.size,
@@ -994,13 +1017,6 @@ fn run_server(
                 elapsed: t.elapsed(),
                 lat_us: Vec::new(),
             };
-            // The received messages hold the sender's pattern (ferroce peers fill it).
-            let span = (u64::from(p.size)).min(per_qp);
-            let check =
-                match perf::check_pattern(mr, 0, span, PATTERN_SEED).map_err(|x| x.to_string())? {
-                    None => Check::Verified,
-                    Some(_) => Check::Skipped("the sender's data is not ferroce's pattern"),
-                };
             Ok(Some((res, check)))
         }
         _ => Ok(None),
@@ -1054,7 +1070,7 @@ fn print_result(
     a: &Args,
     r: &PerfResult,
     peer: Option<&BwReport>,
-    (ok, data_check): (bool, &str),
+    check: &Check,
     peer_is_ferroce: bool,
 ) {
     let (peer_mb, peer_mpps) = peer.map_or((0.0, 0.0), |p| (p.bw_avg, p.msg_rate_avg));
@@ -1067,8 +1083,8 @@ fn print_result(
             "bytes": r.size,
             "iterations": r.iters,
             "seconds": r.elapsed.as_secs_f64(),
-            "data_verified": ok,
-            "data_check": data_check,
+            "data_verified": check.ok(),
+            "data_check": check.describe(),
             "peer_is_ferroce": peer_is_ferroce,
         });
         if let Some((min, typ, avg, p99, max)) = r.lat_summary() {
