@@ -159,8 +159,9 @@ impl Publisher {
     }
 
     /// Whether a periodic write is due.
-    pub fn due(&self) -> bool {
-        Instant::now() >= self.next
+    /// Whether a snapshot is due at `now`.
+    pub fn due(&self, now: Instant) -> bool {
+        now >= self.next
     }
 
     /// Write the counters now (whole file replaced by a rename, so readers
