@@ -913,13 +913,13 @@ fn pingpong_extra(o: &Outcome) -> Result<String, String> {
 // 2. perftest ⇄ ferroce bench
 
 /// One perftest parameter set: (extra args for both sides except the GID, IPv6?, description).
-struct PerfSet {
-    args: &'static str,
+struct PerfSet<'a> {
+    args: &'a str,
     ipv6: bool,
     what: &'static str,
 }
 
-fn perf_case(env: &Env, tool: &'static str, test: &str, set: &PerfSet, ops: &[u8]) -> Case {
+fn perf_case(env: &Env, tool: &'static str, test: &str, set: &PerfSet<'_>, ops: &[u8]) -> Case {
     let (tg, fg) = if set.ipv6 {
         (env.vm_gid6 as usize, env.host_gid6)
     } else {
@@ -999,6 +999,75 @@ fn perftest_bidi_extra(o: &Outcome) -> Result<String, String> {
         ));
     }
     Ok(format!("{check}; both print {h:.2} MB/s (sum)"))
+}
+
+/// The traffic class the tclass cases give both tools (perftest 4.5 takes `-L`, the hop limit,
+/// for raw Ethernet QPs only).
+const TCLASS: u8 = 106;
+
+/// (source address, traffic class, hop limit) of every RoCE v2 frame in a capture, IPv4
+/// (TOS, TTL) or IPv6.
+fn roce_ip_fields(pcap: &Path) -> Result<Vec<(Vec<u8>, u8, u8)>, String> {
+    let file = std::fs::File::open(pcap).map_err(|e| format!("open {}: {e}", pcap.display()))?;
+    let mut r = pcap_file::pcap::PcapReader::new(file).map_err(|e| format!("pcap: {e}"))?;
+    let mut v = Vec::new();
+    while let Some(p) = r.next_packet() {
+        let d = p.map_err(|e| format!("pcap: {e}"))?.data;
+        let field = |at: usize| d.get(at).copied();
+        let fields = match d.get(12..14) {
+            // IPv4 without options: TOS at 1, TTL at 8, protocol at 9, source at 12.
+            Some([0x08, 0x00]) if field(14) == Some(0x45) && field(23) == Some(17) => {
+                (d.get(36..38) == Some(&[0x12, 0xb7][..]))
+                    .then(|| (d.get(26..30), field(15), field(22)))
+            }
+            // IPv6: traffic class across bytes 0-1, next header at 6, hop limit at 7.
+            Some([0x86, 0xdd]) if field(20) == Some(17) => {
+                (d.get(56..58) == Some(&[0x12, 0xb7][..])).then(|| {
+                    let tc = field(14).zip(field(15)).map(|(a, b)| (a << 4) | (b >> 4));
+                    (d.get(22..38), tc, field(21))
+                })
+            }
+            _ => None,
+        };
+        if let Some((Some(src), Some(tc), Some(hl))) = fields {
+            v.push((src.to_vec(), tc, hl));
+        }
+    }
+    Ok(v)
+}
+
+/// [`perftest_extra`], and every RoCE packet of the run, from both sides, carries [`TCLASS`]
+/// (rxe takes it from the QP's GRH attributes as ferroce does).
+fn tclass_extra(o: &Outcome) -> Result<String, String> {
+    let check = perftest_extra(o)?;
+    let frames = roce_ip_fields(&o.pcap)?;
+    let mut sources: Vec<&[u8]> = frames.iter().map(|f| f.0.as_slice()).collect();
+    sources.sort();
+    sources.dedup();
+    if sources.len() != 2 {
+        return Err(format!(
+            "RoCE packets from {} addresses in the capture, expected both sides'",
+            sources.len()
+        ));
+    }
+    if let Some(f) = frames.iter().find(|f| f.1 != TCLASS) {
+        return Err(format!(
+            "a packet from {:02x?} has traffic class {}, expected {TCLASS}",
+            f.0, f.1
+        ));
+    }
+    let mut hops: Vec<u8> = frames.iter().map(|f| f.2).collect();
+    hops.sort_unstable();
+    hops.dedup();
+    let seen = format!(
+        "all {} RoCE packets, both ways: traffic class {TCLASS} (hop limits {hops:?})",
+        frames.len()
+    );
+    Ok(if check.is_empty() {
+        seen
+    } else {
+        format!("{check}; {seen}")
+    })
 }
 
 #[test]
@@ -1092,6 +1161,22 @@ fn perftest_bw_interop() {
             rows.push(judge(&mut env, &c, perftest_extra));
         }
     }
+    // The GRH's traffic class (`--tclass`): the IPv4 TOS or IPv6 traffic class of every
+    // packet either side sends.
+    let tclass_args = format!("--tclass {TCLASS} -m 4096 -s 65536 -n 10");
+    for ipv6 in [false, true] {
+        let set = PerfSet {
+            args: &tclass_args,
+            ipv6,
+            what: "--tclass 106, 65536 B × 10",
+        };
+        let mut case =
+            perf_case(&env, "ib_write_bw", "write", &set, &[0x06, 0x08, 0x11]).timeout(60);
+        case.operation = format!("WRITE bw {}", set.what);
+        for c in both_roles(case) {
+            rows.push(judge(&mut env, &c, tclass_extra));
+        }
+    }
     // All sizes (`-a`: 2 B to 8 MiB, each `-n 5` times, perftest's minimum): bidirectional in
     // both roles (a duplex run also syncs per size, and from perftest 4.6 on after each), then
     // one direction, ferroce writing into rxe's buffer.
@@ -1166,6 +1251,8 @@ fn perftest_bw_interop() {
          bidirectional WRITE, READ and SEND (`-b`: both sides send, each prints the sum), WRITE also \
          with `-a`; \
          WRITE and SEND over UC (`-c UC`); \
+         WRITE with a traffic class (`--tclass 106`) over IPv4 and IPv6, every packet of both \
+         sides checked for it; \
          then `-a` (2 B to 8 MiB) for WRITE with ferroce as the client and for SEND in both roles. perftest itself checks no \
          data; ferroce's client reads WRITEs back and checks READ data when the peer is ferroce.",
         &rows,

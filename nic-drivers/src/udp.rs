@@ -1046,6 +1046,7 @@ struct GatherPiece {
 struct GatherRun {
     dst: SocketAddr,
     tos: u8,
+    ttl: u8,
     qp_top: Option<u8>,
     seg: usize,
     len: usize,
@@ -1215,6 +1216,7 @@ impl UdpIo {
                         && !r.closed
                         && r.dst == dst
                         && r.tos == info.tos
+                        && r.ttl == info.ttl
                         && r.qp_top == qp_top =>
                 {
                     plen > 0 && plen <= r.seg && r.len + plen <= MAX_DGRAM && r.segs < GSO_MAX_SEGS
@@ -1287,6 +1289,7 @@ impl UdpIo {
             run = Some(GatherRun {
                 dst,
                 tos: info.tos,
+                ttl: info.ttl,
                 qp_top,
                 seg: plen,
                 len: plen,
@@ -1341,12 +1344,13 @@ impl UdpIo {
         self.share.as_ref()
     }
 
-    /// Fills in message header `i`: to `dst` with ToS `tos`, `segs` segments
-    /// of `seg` bytes (the last maybe shorter), `len` bytes in `iovs`.
+    /// Fills in message header `i`: to `dst` with ToS `tos` and TTL (hop
+    /// limit) `ttl`, `segs` segments of `seg` bytes (the last maybe shorter),
+    /// `len` bytes in `iovs`.
     fn seal_msg(
         &mut self,
         i: usize,
-        (dst, tos): (SocketAddr, u8),
+        (dst, tos, ttl): (SocketAddr, u8, u8),
         (seg, segs): (usize, usize),
         len: usize,
         iovs: (*mut libc::iovec, usize),
@@ -1367,8 +1371,34 @@ impl UdpIo {
         let ctl = slot.control.as_mut_ptr().cast::<u8>();
         h.msg_hdr.msg_control = ctl.cast();
         h.msg_hdr.msg_controllen = CMSG_ROOM as _;
+        // The IP level of the packet, not of the socket: a dual-stack socket
+        // sends to an IPv4-mapped address through the IPv4 path, which reads
+        // only SOL_IP messages (Linux ip_cmsg_send).
+        let v4 = match dst {
+            SocketAddr::V4(_) => true,
+            SocketAddr::V6(a) => a.ip().to_ipv4_mapped().is_some(),
+        };
+        let (tos_msg, ttl_msg) = if v4 {
+            (
+                (libc::IPPROTO_IP, libc::IP_TOS),
+                (libc::IPPROTO_IP, libc::IP_TTL),
+            )
+        } else {
+            (
+                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS),
+                (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT),
+            )
+        };
+        // The TTL goes with every message: the frame's (the QP's hop limit) is
+        // the one to send, whatever the host's default. Linux refuses an IPv4
+        // TTL of 0 there; such a frame leaves with the default.
+        let ints = [
+            (tos != 0).then_some((tos_msg, tos)),
+            (ttl != 0 || !v4).then_some((ttl_msg, ttl)),
+        ];
         // SAFETY: the control buffer is CMSG_ROOM bytes, 8-aligned; we write at
-        // most two small cmsgs (UDP_SEGMENT u16, TOS int), well within it.
+        // most three small cmsgs (UDP_SEGMENT u16, TOS and TTL ints), well
+        // within it, each after CMSG_NXTHDR checked there is room for it.
         unsafe {
             let mut c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
             if segs > 1 && !c.is_null() {
@@ -1379,20 +1409,19 @@ impl UdpIo {
                 used += libc::CMSG_SPACE(2) as usize;
                 c = libc::CMSG_NXTHDR(&h.msg_hdr, c);
             }
-            if tos != 0 && !c.is_null() {
-                let (level, ty) = if self.v6_socket {
-                    (libc::IPPROTO_IPV6, libc::IPV6_TCLASS)
-                } else {
-                    (libc::IPPROTO_IP, libc::IP_TOS)
-                };
+            for ((level, ty), v) in ints.into_iter().flatten() {
+                if c.is_null() {
+                    break;
+                }
                 (*c).cmsg_level = level;
                 (*c).cmsg_type = ty;
                 (*c).cmsg_len = libc::CMSG_LEN(4) as _;
                 std::ptr::write_unaligned(
                     libc::CMSG_DATA(c).cast::<libc::c_int>(),
-                    libc::c_int::from(tos),
+                    libc::c_int::from(v),
                 );
                 used += libc::CMSG_SPACE(4) as usize;
+                c = libc::CMSG_NXTHDR(&h.msg_hdr, c);
             }
         }
         h.msg_hdr.msg_controllen = used as _;
@@ -1447,7 +1476,13 @@ impl UdpIo {
                 continue;
             };
             let iov = self.tx_iov[start..].as_mut_ptr();
-            self.seal_msg(msgs, (r.dst, r.tos), (r.seg, r.segs), r.len, (iov, n));
+            self.seal_msg(
+                msgs,
+                (r.dst, r.tos, r.ttl),
+                (r.seg, r.segs),
+                r.len,
+                (iov, n),
+            );
             msgs += 1;
         }
         self.gather_runs = runs;

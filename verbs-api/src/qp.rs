@@ -112,6 +112,16 @@ pub struct ConnectOptions {
     pub max_rd_atomic: u8,
     pub max_dest_rd_atomic: u8,
     pub qkey: u32,
+    /// The GRH traffic class (`ah_attr.grh.traffic_class`): every packet's
+    /// IPv4 TOS or IPv6 traffic class, DSCP << 2 | ECN (perftest's `--tclass`).
+    pub traffic_class: u8,
+    /// The GRH hop limit: every packet's IPv4 TTL or IPv6 hop limit
+    /// (perftest's `-L`).
+    pub hop_limit: u8,
+    /// The GRH flow label (IPv6's flow label; also what the UDP source port
+    /// is folded from, as in rxe). 0: derived from the two QPNs, as
+    /// `rdma_calc_flow_label` does.
+    pub flow_label: u32,
 }
 
 impl Default for ConnectOptions {
@@ -135,6 +145,9 @@ impl Default for ConnectOptions {
             max_rd_atomic: 1,
             max_dest_rd_atomic: 1,
             qkey: 0x1111_1111,
+            traffic_class: 0,
+            hop_limit: ferroce_stack::wire::packet::DEFAULT_TTL,
+            flow_label: 0,
         }
     }
 }
@@ -206,7 +219,10 @@ impl<'pd> QueuePair<'pd> {
         remote: &RemoteQp,
         opts: &ConnectOptions,
     ) -> Result<()> {
-        let path = ctx.resolve_path(opts.sgid_index, remote.gid)?;
+        let mut path = ctx.resolve_path(opts.sgid_index, remote.gid)?;
+        path.traffic_class = opts.traffic_class;
+        path.hop_limit = opts.hop_limit;
+        path.flow_label = opts.flow_label & 0xf_ffff;
         let rtr = QpAttr {
             qp_state: QpState::Rtr,
             path_mtu: opts.path_mtu,

@@ -183,6 +183,74 @@ fn perftest_flags_are_accepted() {
     assert_eq!(lines(&c)[0]["data_check"], "verified");
 }
 
+/// (TOS, TTL, BTH opcode) of every IPv4 RoCE v2 frame in a pcap.
+fn ip_fields(pcap: &std::path::Path) -> Vec<(u8, u8, u8)> {
+    let file = std::fs::File::open(pcap).expect("open pcap");
+    let mut r = pcap_file::pcap::PcapReader::new(file).expect("a pcap");
+    let mut v = Vec::new();
+    while let Some(p) = r.next_packet() {
+        let d = p.expect("a packet").data;
+        // Ethernet, IPv4 (TOS at 1, TTL at 8, protocol at 9), UDP to 4791, BTH.
+        let ipv4 = d.get(12..14) == Some(&[0x08, 0x00][..]) && d.get(14) == Some(&0x45);
+        if ipv4 && d.get(23) == Some(&17) && d.get(36..38) == Some(&[0x12, 0xb7][..]) {
+            v.push((d[15], d[22], d[42]));
+        }
+    }
+    v
+}
+
+/// `--tclass` and `-L` reach the wire both ways: what each side received
+/// (its pcap holds the headers the kernel reported) carries them, in the
+/// WRITEs the server took and in the ACKs the client took; without them,
+/// TOS 0 and TTL 64.
+#[test]
+fn traffic_class_and_hop_limit_reach_the_wire() {
+    let dir = std::env::temp_dir().join(format!("ferroce-tclass-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for (i, (flags, tos, ttl)) in [
+        (&["--tclass", "106", "-L", "32"][..], 106u8, 32u8),
+        (&[][..], 0, 64),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (sp, cp) = (
+            dir.join(format!("s{i}.pcap")),
+            dir.join(format!("c{i}.pcap")),
+        );
+        let _one = ONE_PAIR.lock().unwrap_or_else(|p| p.into_inner());
+        let args = |pcap: &std::path::Path| -> Vec<String> {
+            ["write", "-s", "8192", "-n", "50", "--pcap"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain([pcap.display().to_string()])
+                .chain(flags.iter().map(|s| s.to_string()))
+                .collect()
+        };
+        let (sa, ca) = (args(&sp), args(&cp));
+        let sa: Vec<&str> = sa.iter().map(String::as_str).collect();
+        let ca: Vec<&str> = ca.iter().map(String::as_str).collect();
+        let srv = bench(&sa, port(40 + i as u16), None);
+        std::thread::sleep(Duration::from_millis(300));
+        let cli = bench(&ca, port(40 + i as u16), Some("127.0.0.1"));
+        let (c, s) = (cli.wait_with_output(), srv.wait_with_output());
+        for o in [c.expect("client"), s.expect("server")] {
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        }
+        let (server, client) = (ip_fields(&sp), ip_fields(&cp));
+        // WRITE FIRST/LAST (RC opcodes 6 and 8) reach the server; ACKs (0x11) the client.
+        let writes = server.iter().filter(|f| f.2 == 6 || f.2 == 8).count();
+        let acks = client.iter().filter(|f| f.2 == 0x11).count();
+        assert!(writes >= 100 && acks > 0, "{writes} WRITEs, {acks} ACKs");
+        for (who, frames) in [("server", &server), ("client", &client)] {
+            for f in frames {
+                assert_eq!((f.0, f.1), (tos, ttl), "{who} {flags:?}: opcode {:#x}", f.2);
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn unsupported_combinations_are_refused() {
     for (args, says) in [

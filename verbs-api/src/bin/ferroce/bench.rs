@@ -135,6 +135,23 @@ pub struct Args {
     /// GID index (default: the IPv4-mapped one).
     #[arg(short = 'x', long = "gid-index")]
     pub gid_index: Option<usize>,
+    /// Traffic class of every packet of the test's QPs (perftest's
+    /// `--tclass`): the IPv4 TOS or IPv6 traffic class, DSCP << 2 | ECN.
+    #[arg(long = "tclass", default_value_t = 0)]
+    pub tclass: u8,
+    /// Hop limit (perftest's `-L`, which perftest 4.5 takes for raw Ethernet
+    /// QPs only): the IPv4 TTL or IPv6 hop limit of every
+    /// packet of the test's QPs [default: 64].
+    #[arg(short = 'L', long = "hop_limit")]
+    pub hop_limit: Option<u8>,
+    /// Flow label (perftest's `--flow_label`, 20 bits): IPv6's flow label and
+    /// what the UDP source port is folded from (0: both from the QPNs).
+    #[arg(long = "flow_label", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=0xf_ffff))]
+    pub flow_label: u32,
+    /// Local ACK time-out (perftest's `-u`): 4.096 µs × 2^timeout before a
+    /// request is sent again (0: never).
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
+    pub qp_timeout: u8,
     /// Packet engine: auto, afxdp, afpacket or udp.
     #[arg(long, default_value = "auto")]
     pub backend: Backend,
@@ -363,12 +380,17 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         .gid_index
         .unwrap_or_else(|| common::default_gid_index(&ctx));
     let gid = ctx.query_gid(gid_index).map_err(|e| e.to_string())?;
+    let defaults = ConnectOptions::default();
     let opts = ConnectOptions {
         path_mtu: mtu,
         sgid_index: gid_index,
         max_rd_atomic: 16,
         max_dest_rd_atomic: 16,
-        ..Default::default()
+        timeout: a.qp_timeout,
+        traffic_class: a.tclass,
+        hop_limit: a.hop_limit.unwrap_or(defaults.hop_limit),
+        flow_label: a.flow_label,
+        ..defaults
     };
     let mut ends = Vec::new();
     for _ in 0..a.qps {
