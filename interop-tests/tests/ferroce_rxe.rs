@@ -700,6 +700,11 @@ fn finish(env: Env, section: &str, intro: &str, rows: &[Row]) {
     );
 }
 
+/// [`judge`] for `case` in both roles (ferroce as client, then as server).
+fn judge_both(env: &mut Env, case: Case, extra: Extra) -> [Row; 2] {
+    both_roles(case).map(|c| judge(env, &c, extra))
+}
+
 fn both_roles(case: Case) -> [Case; 2] {
     let mut srv = case.clone();
     srv.ferroce_server = true;
@@ -860,9 +865,7 @@ fn pingpong_interop() {
         let case = Case::new(tool, &targs, &fargs, false)
             .op(&operation, params, &ops)
             .timeout(60);
-        for c in both_roles(case) {
-            rows.push(judge(&mut env, &c, pingpong_extra));
-        }
+        rows.extend(judge_both(&mut env, case, pingpong_extra));
     }
     finish(
         env,
@@ -893,6 +896,19 @@ fn pingpong_extra(o: &Outcome) -> Result<String, String> {
         if let Some(problem) = pingpong_problem(out) {
             return Err(format!("{who} side{problem}"));
         }
+    }
+    // Both sides' packets carry the same IP traffic class and hop limit (the tools ask for
+    // hop limit 1; Linux puts the route's, 64, in a RoCE QP's packets, as ferroce does).
+    let mut ip: Vec<(u8, u8)> = roce_ip_fields(&o.pcap)?
+        .into_iter()
+        .map(|f| (f.1, f.2))
+        .collect();
+    ip.sort_unstable();
+    ip.dedup();
+    if ip.len() > 1 {
+        return Err(format!(
+            "the sides' packets differ in (traffic class, hop limit): {ip:?}"
+        ));
     }
     let usec = o
         .host
@@ -1123,9 +1139,7 @@ fn perftest_bw_interop() {
             };
             let mut case = perf_case(&env, tool, test, set, &ops).timeout(60);
             case.operation = format!("{label} {}", set.what);
-            for c in both_roles(case) {
-                rows.push(judge(&mut env, &c, perftest_extra));
-            }
+            rows.extend(judge_both(&mut env, case, perftest_extra));
         }
     }
     // Bidirectional (`-b`): both sides run at once and print the sum of both directions;
@@ -1138,9 +1152,7 @@ fn perftest_bw_interop() {
     for (tool, test, label, ops) in tools {
         let mut case = perf_case(&env, tool, test, &bidi, ops).timeout(90);
         case.operation = format!("{label} {}", bidi.what);
-        for c in both_roles(case) {
-            rows.push(judge(&mut env, &c, perftest_bidi_extra));
-        }
+        rows.extend(judge_both(&mut env, case, perftest_bidi_extra));
     }
     // Unreliable connection (`-c UC`): WRITE and SEND only, no ACKs on the wire.
     let uc = PerfSet {
@@ -1157,9 +1169,7 @@ fn perftest_bw_interop() {
             .collect();
         let mut case = perf_case(&env, tool, test, &uc, &ops).timeout(90);
         case.operation = format!("{label} {}", uc.what);
-        for c in both_roles(case) {
-            rows.push(judge(&mut env, &c, perftest_extra));
-        }
+        rows.extend(judge_both(&mut env, case, perftest_extra));
     }
     // The GRH's traffic class (`--tclass`): the IPv4 TOS or IPv6 traffic class of every
     // packet either side sends.
@@ -1173,9 +1183,7 @@ fn perftest_bw_interop() {
         let mut case =
             perf_case(&env, "ib_write_bw", "write", &set, &[0x06, 0x08, 0x11]).timeout(60);
         case.operation = format!("WRITE bw {}", set.what);
-        for c in both_roles(case) {
-            rows.push(judge(&mut env, &c, tclass_extra));
-        }
+        rows.extend(judge_both(&mut env, case, tclass_extra));
     }
     // All sizes (`-a`: 2 B to 8 MiB, each `-n 5` times, perftest's minimum): bidirectional in
     // both roles (a duplex run also syncs per size, and from perftest 4.6 on after each), then
@@ -1282,9 +1290,7 @@ fn perftest_atomic_lat_interop() {
             case.tool_args = format!("{} -A {kind}", case.tool_args);
             case.ferroce_args = format!("{} -A {kind}", case.ferroce_args);
             case.operation = format!("{kind} bw");
-            for c in both_roles(case) {
-                rows.push(judge(&mut env, &c, perftest_extra));
-            }
+            rows.extend(judge_both(&mut env, case, perftest_extra));
         }
     }
     // (tool, ferroce test, matrix label, arguments, opcodes that must show)
@@ -1347,9 +1353,7 @@ fn perftest_atomic_lat_interop() {
             .ferroce_args
             .replace(&format!("--lat {test}"), &format!("{test} --lat"));
         case.operation = label.into();
-        for c in both_roles(case) {
-            rows.push(judge(&mut env, &c, perftest_extra));
-        }
+        rows.extend(judge_both(&mut env, case, perftest_extra));
     }
     finish(
         env,
@@ -1581,9 +1585,7 @@ fn bad_rkey_interop() {
         .timeout(40);
         case.via_proxy = true;
         case.expect_error = true;
-        for c in both_roles(case) {
-            rows.push(judge(&mut env, &c, rkey_extra));
-        }
+        rows.extend(judge_both(&mut env, case, rkey_extra));
     }
     finish(
         env,
@@ -1645,9 +1647,7 @@ fn backends_interop() {
         )
         .timeout(60);
         if backend != "udp" {
-            for c in both_roles(pp6) {
-                rows.push(judge(&mut env, &c, pingpong_extra));
-            }
+            rows.extend(judge_both(&mut env, pp6, pingpong_extra));
         }
         let pp = Case::new(
             "ibv_rc_pingpong",
@@ -1661,9 +1661,7 @@ fn backends_interop() {
             &[0x00, 0x01, 0x02, 0x11],
         )
         .timeout(60);
-        for c in both_roles(pp) {
-            rows.push(judge(&mut env, &c, pingpong_extra));
-        }
+        rows.extend(judge_both(&mut env, pp, pingpong_extra));
         let wr = Case::new(
             "ib_write_bw",
             "-x 1 -m 1024 -s 4096 -n 20 -F",

@@ -491,9 +491,10 @@ pub unsafe fn path_of(ctx: *mut ffi::ibv_context, a: &ffi::ibv_ah_attr) -> Resul
             errno_of(&e)
         })?;
     p.traffic_class = a.grh.traffic_class;
-    if a.grh.hop_limit != 0 {
-        p.hop_limit = a.grh.hop_limit;
-    }
+    // `a.grh.hop_limit` is not used: Linux replaces a unicast RoCE address's
+    // hop limit with its route's (ib_resolve_unicast_gid_dmac), so rxe sends
+    // TTL 64 for ibv_rc_pingpong, which asks for 1 (seen on the wire); the
+    // path keeps ferroce's default, 64, the route's here.
     p.flow_label = a.grh.flow_label;
     Ok(p)
 }
