@@ -12,8 +12,12 @@ fn bench(args: &[&str], port: u16, server: Option<&str>) -> std::process::Child 
     let mut c = Command::new(env!("CARGO_BIN_EXE_ferroce"));
     c.arg("bench")
         .args(args)
-        .args(["-d", "lo", "--backend", "udp", "--json", "-p"])
+        .args(["-d", "lo", "--backend", "udp", "-p"])
         .arg(port.to_string());
+    // JSON lines unless the run asks for perftest's bare figures.
+    if !args.contains(&"--output") {
+        c.arg("--json");
+    }
     if let Some(s) = server {
         c.arg(s);
     }
@@ -26,15 +30,20 @@ fn bench(args: &[&str], port: u16, server: Option<&str>) -> std::process::Child 
 /// datagram wrongly (RC resends it; UC, tested here, would lose it).
 static ONE_PAIR: Mutex<()> = Mutex::new(());
 
-/// Server and client of one run; both must exit 0.
-fn pair(args: &[&str], port: u16) -> (Output, Output) {
+/// Server and client of one run, however they ended.
+fn run_pair(args: &[&str], port: u16) -> (Output, Output) {
     let _one = ONE_PAIR.lock().unwrap_or_else(|p| p.into_inner());
     let srv = bench(args, port, None);
     // The client retries its connection while the server starts listening.
     std::thread::sleep(Duration::from_millis(300));
     let cli = bench(args, port, Some("127.0.0.1"));
     let (c, s) = (cli.wait_with_output(), srv.wait_with_output());
-    let (c, s) = (c.expect("client"), s.expect("server"));
+    (c.expect("client"), s.expect("server"))
+}
+
+/// Server and client of one run; both must exit 0.
+fn pair(args: &[&str], port: u16) -> (Output, Output) {
+    let (c, s) = run_pair(args, port);
     for (who, o) in [("client", &c), ("server", &s)] {
         assert!(
             o.status.success(),
@@ -251,6 +260,79 @@ fn traffic_class_and_hop_limit_reach_the_wire() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--output` prints the one figure per size and nothing else, on both
+/// sides; `-w`/`-y` fail a run (exit 1, perftest's message) whose figures
+/// stay below them and pass one that reaches them.
+#[test]
+fn output_prints_only_the_figure_and_limits_fail_the_run() {
+    let figures = |o: &Output| -> Vec<f64> {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(|l| {
+                l.parse::<f64>()
+                    .unwrap_or_else(|_| panic!("a bare figure: {l:?}"))
+            })
+            .collect()
+    };
+    for (i, (args, lines)) in [
+        (
+            &["write", "-s", "4096", "-n", "200", "--output", "bandwidth"][..],
+            1,
+        ),
+        (
+            &["read", "-a", "-n", "20", "--output", "message_rate"][..],
+            23,
+        ),
+        (
+            &[
+                "send", "--lat", "-s", "8", "-n", "100", "--output", "latency",
+            ][..],
+            1,
+        ),
+        (
+            &[
+                "write", "-s", "4096", "-n", "200", "-w", "0.01", "-y", "0.0001",
+            ][..],
+            0,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (c, s) = pair(args, port(50 + i as u16));
+        if lines > 0 {
+            let fc = figures(&c);
+            assert_eq!(fc.len(), lines, "{args:?}");
+            assert!(fc.iter().all(|f| *f > 0.0), "{args:?}: {fc:?}");
+            // The server prints the client's figure (ib_write_bw's server
+            // does), or its own ping-pong half.
+            assert!(!figures(&s).is_empty(), "{args:?}");
+        }
+    }
+    for (i, (args, says)) in [
+        (
+            &["write", "-s", "4096", "-n", "200", "-w", "1e9"][..],
+            "BW result is below bw limit",
+        ),
+        (
+            &["write", "-s", "4096", "-n", "200", "-y", "1e6"][..],
+            "Msg rate  is below msg_rate limit",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (c, s) = run_pair(args, port(60 + i as u16));
+        for o in [&c, &s] {
+            assert_eq!(o.status.code(), Some(1), "{args:?}");
+            assert!(
+                String::from_utf8_lossy(&o.stderr).contains(says),
+                "{args:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn unsupported_combinations_are_refused() {
     for (args, says) in [
@@ -263,6 +345,15 @@ fn unsupported_combinations_are_refused() {
             "UC has no RDMA READ or atomics",
         ),
         (&["send", "-c", "UD"][..], "-c UD is not supported"),
+        (
+            &["write", "--output", "latency"][..],
+            "bandwidth tests can be: bandwidth, message_rate",
+        ),
+        (
+            &["write", "--lat", "--output", "bandwidth"][..],
+            "latency tests can be: latency",
+        ),
+        (&["send", "--lat", "-w", "1"][..], "-w and -y (limits)"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_ferroce"))
             .arg("bench")

@@ -44,6 +44,20 @@ pub enum Connection {
     UD,
 }
 
+/// perftest's `--output`: print only this figure, one line per size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputLevel {
+    /// Average bandwidth (bandwidth tests), in the report's unit.
+    #[value(name = "bandwidth")]
+    Bandwidth,
+    /// Average message rate in Mpps (bandwidth tests).
+    #[value(name = "message_rate")]
+    MessageRate,
+    /// Typical (median) latency in µs (latency tests).
+    #[value(name = "latency")]
+    Latency,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 #[allow(non_camel_case_types)]
 pub enum AtomicType {
@@ -161,8 +175,21 @@ pub struct Args {
     #[arg(long)]
     pub busy_poll: bool,
     /// One JSON object per result line instead of the table.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "output")]
     pub json: bool,
+    /// Print only this figure of each size, nothing else (perftest's
+    /// `--output`): bandwidth or message_rate for bandwidth tests, latency
+    /// (the typical one) for latency tests.
+    #[arg(long, value_enum)]
+    pub output: Option<OutputLevel>,
+    /// Fail (exit 1) unless the bandwidth reaches this, in the report's unit
+    /// (perftest's `-w`; with -a, one size reaching it is enough, as there).
+    #[arg(short = 'w', long = "limit_bw")]
+    pub limit_bw: Option<f64>,
+    /// Fail (exit 1) unless the message rate reaches this many Mpps
+    /// (perftest's `-y`).
+    #[arg(short = 'y', long = "limit_msgrate")]
+    pub limit_msgrate: Option<f64>,
     /// Write every frame this process sends and receives to a pcap file.
     #[arg(long)]
     pub pcap: Option<std::path::PathBuf>,
@@ -191,6 +218,10 @@ impl Args {
             return (1..=23).map(|i| 1u32 << i).collect();
         }
         vec![self.size.unwrap_or(if self.lat { 2 } else { 65536 })]
+    }
+    /// The perftest table and its banners (not with --json or --output).
+    fn table(&self) -> bool {
+        !self.json && self.output.is_none()
     }
     fn iters(&self) -> u64 {
         self.iters.unwrap_or(if self.lat { 1000 } else { 5000 })
@@ -343,12 +374,24 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     if a.bidirectional && a.lat {
         return Err("-b (bidirectional) is for bandwidth tests, not --lat".into());
     }
+    match (a.output, a.lat) {
+        (Some(OutputLevel::Latency), false) => {
+            return Err("--output for bandwidth tests can be: bandwidth, message_rate".into())
+        }
+        (Some(OutputLevel::Bandwidth | OutputLevel::MessageRate), true) => {
+            return Err("--output for latency tests can be: latency".into())
+        }
+        _ => {}
+    }
+    if a.lat && (a.limit_bw.is_some() || a.limit_msgrate.is_some()) {
+        return Err("-w and -y (limits) are for bandwidth tests".into());
+    }
     let ctx = open(a)?;
     let port = ctx.query_port();
     let (mtu, warnings) = path_mtu(a.mtu, port.active_mtu);
     for (to_stderr, line) in warnings {
         // perftest prints the clamp on stdout; JSON output keeps stdout for results.
-        if to_stderr || a.json {
+        if to_stderr || !a.table() {
             eprintln!("{line}");
         } else {
             println!("{line}");
@@ -486,7 +529,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         Ok(())
     };
     let prepare = |_: &Negotiated| -> Result<Vec<PerftestDest>, String> { Ok(my_dests.clone()) };
-    if !a.json {
+    if a.table() {
         print_header(a, &ctx, mtu, client);
     }
     let mut session = match &a.servername {
@@ -516,7 +559,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             len: remote_len,
         })
         .collect();
-    if !a.json {
+    if a.table() {
         for (m, r) in session.my_dests.iter().zip(&session.remote_dests) {
             print_dest(" local address:", m);
             print_dest(" remote address:", r);
@@ -543,6 +586,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     };
     let op = a.op();
     let mut all_ok = true;
+    let mut limits = Limits::new(a);
     let mut last_report = BwReport::default();
     let d0 = session.my_dests[0];
     let send_test = a.test() == Test::Send;
@@ -612,13 +656,14 @@ fn run_inner(a: &Args) -> Result<bool, String> {
                 eprintln!("data check FAILED for size {size}: first wrong byte at offset {at}");
             }
             Check::Skipped(why) => {
-                if !a.json {
+                if a.table() {
                     eprintln!("data check skipped for size {size}: {why}");
                 }
             }
         }
         all_ok &= check.ok();
-        print_result(a, &res, peer.as_ref(), &check, peer_is_ferroce);
+        let (bw, mpps) = print_result(a, &res, peer.as_ref(), &check, peer_is_ferroce);
+        limits.see(bw, mpps);
         last_report = bw_report(&res);
     }
     if write_lat {
@@ -629,23 +674,72 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         session.finish().map_err(|e| e.to_string())?;
     } else {
         let theirs = session.finish_bw(&last_report).map_err(|e| e.to_string())?;
-        if !client && !a.json {
+        if !client {
             // perftest reports exchange MB/s; show them in the unit asked for.
             let unit = if a.report_gbits { 8.0 / 1000.0 } else { 1.0 };
-            println!(
-                " {:<10} {:<16} {:<18.2} {:<20.2} {:.6}",
-                theirs.size,
-                theirs.iters,
-                theirs.bw_peak * unit,
-                theirs.bw_avg * unit,
-                theirs.msg_rate_avg
-            );
+            let bw = theirs.bw_avg * unit;
+            limits.see(bw, theirs.msg_rate_avg);
+            match a.output {
+                Some(OutputLevel::Bandwidth) => println!("{bw:.6}"),
+                Some(OutputLevel::MessageRate) => println!("{:.6}", theirs.msg_rate_avg),
+                _ if a.table() => println!(
+                    " {:<10} {:<16} {:<18.2} {:<20.2} {:.6}",
+                    theirs.size,
+                    theirs.iters,
+                    theirs.bw_peak * unit,
+                    bw,
+                    theirs.msg_rate_avg
+                ),
+                _ => {}
+            }
         }
     }
-    if !a.json {
+    if a.table() {
         println!("---------------------------------------------------------------------------------------");
     }
+    if let Err(e) = limits.verdict() {
+        eprintln!("{e}");
+        return Ok(false);
+    }
     Ok(all_ok)
+}
+
+/// perftest's limit verifier (`-w`, `-y`): each passes once any reported
+/// size reaches it. (perftest 4.5 checks `-y` only when `-w` is given too;
+/// here each stands alone.)
+struct Limits {
+    bw: Option<f64>,
+    msg_rate: Option<f64>,
+    bw_reached: bool,
+    msg_rate_reached: bool,
+}
+
+impl Limits {
+    fn new(a: &Args) -> Limits {
+        Limits {
+            bw: a.limit_bw,
+            msg_rate: a.limit_msgrate,
+            bw_reached: false,
+            msg_rate_reached: false,
+        }
+    }
+
+    /// One reported size: bandwidth in the report's unit, message rate in Mpps.
+    fn see(&mut self, bw: f64, mpps: f64) {
+        self.bw_reached |= self.bw.is_some_and(|l| bw >= l);
+        self.msg_rate_reached |= self.msg_rate.is_some_and(|l| mpps >= l);
+    }
+
+    /// perftest's messages when a limit was not reached.
+    fn verdict(&self) -> Result<(), &'static str> {
+        if self.bw.is_some() && !self.bw_reached {
+            return Err("Error: BW result is below bw limit");
+        }
+        if self.msg_rate.is_some() && !self.msg_rate_reached {
+            return Err("Error: Msg rate  is below msg_rate limit");
+        }
+        Ok(())
+    }
 }
 
 /// Our side of perftest's report exchange (peak: the average, we keep no peak).
@@ -1088,17 +1182,19 @@ fn print_dest(label: &str, d: &PerftestDest) {
 
 /// One result line; with `peer` (a bidirectional run), bandwidth and
 /// message rate are the sum of both directions, as perftest prints them.
+/// Returns them: bandwidth in the report's unit, message rate in Mpps.
 fn print_result(
     a: &Args,
     r: &PerfResult,
     peer: Option<&BwReport>,
     check: &Check,
     peer_is_ferroce: bool,
-) {
+) -> (f64, f64) {
     let (peer_mb, peer_mpps) = peer.map_or((0.0, 0.0), |p| (p.bw_avg, p.msg_rate_avg));
     let mb = r.mb_per_sec() + peer_mb;
     let mpps = r.mpps() + peer_mpps;
     let gbits = mb * 8.0 / 1000.0;
+    let bw = if a.report_gbits { gbits } else { mb };
     if a.json {
         let mut v = serde_json::json!({
             "test": a.title(),
@@ -1126,8 +1222,19 @@ fn print_result(
             }
         }
         println!("{v}");
-        return;
+        return (bw, mpps);
     }
+    match (a.output, r.lat_summary()) {
+        (Some(OutputLevel::Latency), Some((_, typ, ..))) => println!("{typ:.6}"),
+        (Some(OutputLevel::Bandwidth), None) => println!("{bw:.6}"),
+        (Some(OutputLevel::MessageRate), None) => println!("{mpps:.6}"),
+        _ => print_row(r, bw, mpps),
+    }
+    (bw, mpps)
+}
+
+/// A perftest table row: latency figures, or bandwidth and message rate.
+fn print_row(r: &PerfResult, bw: f64, mpps: f64) {
     if let Some((min, typ, avg, p99, max)) = r.lat_summary() {
         let n = r.lat_us.len() as f64;
         let var = r.lat_us.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / n;
@@ -1147,7 +1254,6 @@ fn print_result(
             p999
         );
     } else {
-        let bw = if a.report_gbits { gbits } else { mb };
         println!(
             " {:<10} {:<16} {:<18.2} {:<20.2} {:.6}",
             r.size, r.iters, bw, bw, mpps
