@@ -335,6 +335,10 @@ pub struct UdpIo {
     // Whether UDP_GRO is on now (off while the port has several members),
     // and whether it was at bind (the receive slots are sized for it).
     gro_on: bool,
+    /// GRO went off while datagrams may have been queued whole (a GSO
+    /// send taken with GRO on): until the queue is next found empty, a
+    /// datagram without a segment size may still hold several frames.
+    gro_stale: bool,
     gro_capable: bool,
     // Receives since the socket was bound (when to check the share).
     share_polls: u32,
@@ -566,6 +570,7 @@ impl UdpIo {
             ids: IdRecovery::default(),
             share,
             gro_on: gro,
+            gro_stale: false,
             gro_capable: rx_gro,
             share_polls: 0,
             share_warned: false,
@@ -718,11 +723,13 @@ impl UdpIo {
         let hl = frame::header_len(peer.is_ipv6());
         let seg = if meta.gro_size > 0 {
             meta.gro_size
-        } else if hl + total > self.cfg.max_frame_len {
+        } else if self.gro_stale || hl + total > self.cfg.max_frame_len {
             // A GSO send queued whole while UDP GRO was on and read after it
             // went off (a second process joined the port, `maintain_share`):
             // the kernel reports no segment size then. Dropping it would cost
-            // RC a go-back-N and UC its messages at every start on one host.
+            // RC a go-back-N and UC its messages at every start on one host;
+            // taking two short segments (their sum within a frame) as one
+            // frame failed its ICRC, with the same cost.
             let payload = slot.buf.get(HEADROOM..HEADROOM + total).unwrap_or_default();
             gso_segment_len(payload, self.cfg.max_frame_len.saturating_sub(hl)).unwrap_or(total)
         } else {
@@ -799,7 +806,11 @@ impl UdpIo {
             if r < 0 {
                 let e = std::io::Error::last_os_error();
                 match e.raw_os_error() {
-                    Some(libc::EAGAIN) | Some(libc::EINTR) => break,
+                    Some(libc::EAGAIN) => {
+                        self.gro_stale = false;
+                        break;
+                    }
+                    Some(libc::EINTR) => break,
                     // An ICMP error queued from an earlier send; not ours to fail on.
                     Some(libc::ECONNREFUSED)
                     | Some(libc::EHOSTUNREACH)
@@ -817,6 +828,8 @@ impl UdpIo {
                 self.rx_frames_per_msg = per.max(1);
             }
             if got < want as usize {
+                // The queue was empty: what comes next was queued with GRO as it is now.
+                self.gro_stale = false;
                 break;
             }
         }
@@ -1333,6 +1346,7 @@ impl UdpIo {
         if let Some(members) = members {
             let want = self.gro_capable && members == 1;
             if want != self.gro_on && set_gro(fd, want) {
+                self.gro_stale |= self.gro_on;
                 self.gro_on = want;
             }
         }
@@ -1525,6 +1539,10 @@ impl UdpIo {
                 delivered += self.deliver(i, sink);
                 filled += 1;
             }
+        }
+        if filled < want {
+            // The queue ran dry: what comes next was queued with GRO as it is now.
+            self.gro_stale = false;
         }
         self.uring_depth = if filled == want {
             (want * 2).min(self.rx_hdrs.len())
