@@ -1185,6 +1185,21 @@ fn perftest_bw_interop() {
         case.operation = format!("WRITE bw {}", set.what);
         rows.extend(judge_both(&mut env, case, tclass_extra));
     }
+    // Unreliable datagram (`-c UD`): SEND only, one packet per message (sizes up to the MTU),
+    // each receive led by the 40-byte GRH.
+    for (args, what) in [
+        ("-c UD -s 4096 -n 50", "UD, 4096 B × 50"),
+        ("-c UD -a -n 5", "UD, all sizes 2 B – 4096 B × 5"),
+    ] {
+        let set = PerfSet {
+            args,
+            ipv6: false,
+            what,
+        };
+        let mut case = perf_case(&env, "ib_send_bw", "send", &set, &[0x64]).timeout(90);
+        case.operation = format!("SEND bw {what}");
+        rows.extend(judge_both(&mut env, case, perftest_extra));
+    }
     // All sizes (`-a`: 2 B to 8 MiB, each `-n 5` times, perftest's minimum): bidirectional in
     // both roles (a duplex run also syncs per size, and from perftest 4.6 on after each), then
     // one direction, ferroce writing into rxe's buffer.
@@ -1258,7 +1273,7 @@ fn perftest_bw_interop() {
          inside the span a stock perftest advertises (it registers max(size, 4096) bytes); \
          bidirectional WRITE, READ and SEND (`-b`: both sides send, each prints the sum), WRITE also \
          with `-a`; \
-         WRITE and SEND over UC (`-c UC`); \
+         WRITE and SEND over UC (`-c UC`); SEND over UD (`-c UD`, one size and `-a`); \
          WRITE with a traffic class (`--tclass 106`) over IPv4 and IPv6, every packet of both \
          sides checked for it; \
          then `-a` (2 B to 8 MiB) for WRITE with ferroce as the client and for SEND in both roles. perftest itself checks no \
@@ -1294,7 +1309,7 @@ fn perftest_atomic_lat_interop() {
         }
     }
     // (tool, ferroce test, matrix label, arguments, opcodes that must show)
-    let lat: [(&'static str, &str, &str, &str, &[u8]); 6] = [
+    let lat: [(&'static str, &str, &str, &str, &[u8]); 7] = [
         (
             "ib_write_lat",
             "write",
@@ -1339,6 +1354,14 @@ fn perftest_atomic_lat_interop() {
             "-c UC -m 1024 -s 64 -n 10",
             &[0x24],
         ),
+        // Unreliable datagram: UD SEND ONLY, the GRH in front of each receive.
+        (
+            "ib_send_lat",
+            "send",
+            "SEND lat UD 1024 B × 10",
+            "-c UD -s 1024 -n 10",
+            &[0x64],
+        ),
     ];
     for (tool, test, label, args, ops) in lat {
         let set = PerfSet {
@@ -1360,7 +1383,7 @@ fn perftest_atomic_lat_interop() {
         "perftest-atomic-lat",
         "## perftest atomic and latency tools ⇄ `ferroce bench`\n\nAtomics: both kinds, 1 QP \
          over IPv4 and 8 QPs over IPv6. Latency tools: 64 B × 10 at MTU 1024, also over UC \
-         (`-c UC`); `ib_send_lat -a` (every size, 2 B to 8 MiB, × 5).",
+         (`-c UC`); `ib_send_lat -c UD` (1024 B × 10); `ib_send_lat -a` (every size, 2 B to 8 MiB, × 5).",
         &rows,
     );
 }

@@ -9,7 +9,21 @@ use crate::cq::CompletionQueue;
 use crate::error::{Error, Result};
 use crate::mr::MemoryRegion;
 use crate::qp::QueuePair;
-use crate::{RecvWr, SendOp, SendWr, WcStatus, WorkCompletion};
+use crate::{QpType, RecvWr, SendOp, SendWr, UdDest, WcStatus, WorkCompletion};
+
+/// Bytes in front of each message a UD receive takes: the GRH's 40 (IBTA
+/// 11.4.1.1; for RoCE v2 the IP header is written there), as ibverbs
+/// UD receives have them.
+pub const UD_GRH: u32 = 40;
+
+/// The bytes a receive of `qp` needs in front of its message.
+fn grh_of(qp: &QueuePair<'_>) -> u32 {
+    if qp.qp_type() == QpType::Ud {
+        UD_GRH
+    } else {
+        0
+    }
+}
 
 /// What a run measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -43,6 +57,8 @@ pub struct RemoteBuf {
     pub addr: u64,
     pub rkey: u32,
     pub len: u64,
+    /// A UD QP's SENDs go here (address, QPN, Q_Key).
+    pub ud: Option<UdDest>,
 }
 
 /// Run parameters (perftest's -s, -n, -t, -D).
@@ -224,7 +240,11 @@ pub fn bw_requester(
     let size = if p.op.is_atomic() { 8 } else { p.size };
     // Local offsets follow the remote ones, so after a WRITE run the peer's
     // buffer mirrors ours (and after a READ run ours mirrors the peer's).
-    let slot = u64::from(size.max(8));
+    // UD: the receiver's slots hold a GRH and then the message
+    // (post_bw_recv); sending from where the message lands keeps the two
+    // buffers alike too.
+    let grh = u64::from(grh_of(qp));
+    let slot = (u64::from(size) + grh).max(8);
     let local_slots = (mr.len().min(remote.len) / slot).max(1);
     let mut posted = 0u64;
     let mut done = 0u64;
@@ -242,7 +262,7 @@ pub fn bw_requester(
             && !stop_at(p, start, posted)
             && batch.len() < 32
         {
-            let off = (posted % local_slots) * slot;
+            let off = (posted % local_slots) * slot + grh;
             batch.push((posted, op_for(p, remote, posted), off));
             posted += 1;
         }
@@ -257,6 +277,7 @@ pub fn bw_requester(
                 .map(|((id, op, _), sge)| {
                     let mut wr = SendWr::new(*id, *op, sge);
                     wr.flags.signaled = true;
+                    wr.ud = remote.ud;
                     wr
                 })
                 .collect();
@@ -303,10 +324,12 @@ pub fn bw_receiver(
 /// bytes), so what lands matches the pattern the sender's buffer holds
 /// there. (A bidirectional run sends from the buffer it receives into:
 /// a message landing elsewhere would spoil the next size's data.)
+/// A UD receive's slot holds the GRH and then the message.
 fn post_bw_recv(qp: &QueuePair<'_>, mr: &MemoryRegion<'_>, p: &PerfParams, i: u64) -> Result<()> {
-    let slot = u64::from(p.size.max(8));
+    let len = p.size + grh_of(qp);
+    let slot = u64::from(len.max(8));
     let slots = (mr.len() / slot).max(1);
-    let sge = [mr.sge((i % slots) * slot, p.size)];
+    let sge = [mr.sge((i % slots) * slot, len)];
     qp.post_recv(&[RecvWr {
         wr_id: i,
         sg_list: &sge,
@@ -355,10 +378,10 @@ pub fn bw_receiver_from(
         }
         if n == 0 {
             if last.elapsed() > p.timeout {
-                // UC does not resend a lost message: after a quiet time-out
-                // the count so far is the result (perftest's server gives
-                // up the same way). RC delivers all or fails.
-                if qp.qp_type() == crate::QpType::Uc && got > 0 {
+                // UC and UD do not resend a lost message: after a quiet
+                // time-out the count so far is the result (perftest's server
+                // gives up the same way). RC delivers all or fails.
+                if matches!(qp.qp_type(), QpType::Uc | QpType::Ud) && got > 0 {
                     return Ok(got);
                 }
                 return Err(Error::Timeout(p.timeout, "SEND messages"));
@@ -391,14 +414,15 @@ pub fn send_lat(
     client: bool,
 ) -> Result<PerfResult> {
     send_lat_prepost(qp, mr, p)?;
-    send_lat_from(qp, cq, mr, p, client)
+    send_lat_from(qp, cq, mr, p, client, None)
 }
 
 /// A SEND ping-pong receives at 0 into this many bytes and sends from
 /// this offset: half the buffer (at least the message), so a receive takes
 /// any message the buffer can hold: two receives stay posted from one size
 /// to the next of an `-a` run, and ones sized for the smaller message would
-/// fail the larger one with a local length error.
+/// fail the larger one with a local length error. (A UD receive also takes
+/// the GRH: the buffer's half must hold [`UD_GRH`] bytes more.)
 fn lat_half(mr: &MemoryRegion<'_>, size: u32) -> u32 {
     u32::try_from(mr.len() / 2)
         .unwrap_or(u32::MAX)
@@ -429,13 +453,14 @@ pub fn send_lat_prepost(qp: &QueuePair<'_>, mr: &MemoryRegion<'_>, p: &PerfParam
     post_lat_recv(qp, mr, p)
 }
 
-/// [`send_lat`] after [`send_lat_prepost`].
+/// [`send_lat`] after [`send_lat_prepost`]; a UD QP sends to `to`.
 pub fn send_lat_from(
     qp: &QueuePair<'_>,
     cq: &CompletionQueue,
     mr: &MemoryRegion<'_>,
     p: &PerfParams,
     client: bool,
+    to: Option<UdDest>,
 ) -> Result<PerfResult> {
     let size = p.size;
     let send_sge = [mr.sge(send_lat_source(mr, size), size)];
@@ -451,6 +476,7 @@ pub fn send_lat_from(
     let send = |i: u64| {
         let mut wr = SendWr::new(i, SendOp::Send, &send_sge);
         wr.flags.signaled = signaled(i);
+        wr.ud = to;
         qp.post_send(&[wr])
     };
     // Completions are counted as they come: a receive may complete in the

@@ -324,6 +324,7 @@ fn write_latency_ping_pong() {
         addr: m.addr() + half,
         rkey: m.rkey(),
         len: half,
+        ud: None,
     };
     let (ra, rb) = (to(&mb), to(&ma));
     std::thread::scope(|s| {

@@ -11,7 +11,7 @@ use ferroce_verbs::exchange::{self, ExchangeConfig, PerftestDest};
 use ferroce_verbs::perf::{self, PerfOp, PerfParams, PerfResult, RemoteBuf};
 use ferroce_verbs::{
     Backend, CompletionQueue, ConnectOptions, Context, EngineMode, MemoryRegion, QpType, QueuePair,
-    RemoteQp,
+    RemoteQp, UdDest,
 };
 
 use crate::common;
@@ -123,8 +123,9 @@ pub struct Args {
     /// completions, which is also what happens without `--busy-poll`.
     #[arg(short = 'e', long = "events", conflicts_with = "busy_poll")]
     pub events: bool,
-    /// Connection type, as perftest's `-c`: RC, or UC (WRITE and SEND only: no
-    /// READ or atomics, no ACKs, a lost packet loses its message).
+    /// Connection type, as perftest's `-c`: RC, UC (WRITE and SEND only: no
+    /// READ or atomics, no ACKs, a lost packet loses its message) or UD
+    /// (SEND only, messages up to the MTU, each receive led by a 40-byte GRH).
     #[arg(short = 'c', long = "connection", value_enum, default_value = "RC")]
     pub connection: Connection,
     /// Bidirectional bandwidth (perftest's `-b`): both sides run the test
@@ -229,8 +230,8 @@ impl Args {
     fn qp_type(&self) -> QpType {
         match self.connection {
             Connection::UC => QpType::Uc,
-            // UD is refused before any QP is made.
-            Connection::RC | Connection::UD => QpType::Rc,
+            Connection::UD => QpType::Ud,
+            Connection::RC => QpType::Rc,
         }
     }
     fn title(&self) -> String {
@@ -345,6 +346,26 @@ struct Setup<'s, 'pd> {
     remotes: &'s [RemoteBuf],
     per_qp: u64,
     peer_is_ferroce: bool,
+    /// The run's largest (last) message size.
+    last_size: u32,
+}
+
+/// perftest's sizes for UD: messages fit in one packet, so `-a` stops at
+/// the MTU and a larger `-s` is cut to it (with perftest's note).
+fn ud_sizes(a: &Args, mtu: u32) -> Vec<u32> {
+    let sizes = a.sizes();
+    if a.all {
+        return sizes.into_iter().filter(|s| *s <= mtu).collect();
+    }
+    if sizes.iter().any(|s| *s > mtu) {
+        let note = format!(" Max msg size in UD is MTU {mtu}\n Changing to this MTU");
+        if a.table() {
+            println!("{note}");
+        } else {
+            eprintln!("{note}");
+        }
+    }
+    sizes.into_iter().map(|s| s.min(mtu)).collect()
 }
 
 fn run_inner(a: &Args) -> Result<bool, String> {
@@ -353,12 +374,8 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         return Err("send bandwidth needs -n (a duration run is not supported)".into());
     }
     match (a.connection, a.test()) {
-        (Connection::UD, _) => {
-            return Err(
-                "-c UD is not supported by `ferroce bench` (`ferroce pingpong --ud`, or \
-                 perftest's ib_send_bw -c UD over ferroce's libibverbs.so.1, move UD traffic)"
-                    .into(),
-            )
+        (Connection::UD, Test::Write | Test::Read | Test::Atomic) => {
+            return Err("-c UD has only SEND: use send".into())
         }
         (Connection::UC, Test::Read | Test::Atomic) => {
             return Err("-c UC has no RDMA READ or atomics: use write or send".into())
@@ -397,9 +414,12 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             println!("{line}");
         }
     }
-    let sizes = a.sizes();
+    let ud = a.connection == Connection::UD;
+    let sizes = if ud { ud_sizes(a, mtu) } else { a.sizes() };
     let max_size = *sizes.iter().max().unwrap_or(&65536);
-    let per_qp = (u64::from(max_size) * 2).max(8192);
+    // A UD receive takes the GRH before the message.
+    let grh = if ud { u64::from(perf::UD_GRH) } else { 0 };
+    let per_qp = ((u64::from(max_size) + grh) * 2).max(8192);
     let pd = ctx.alloc_pd();
     let mr = pd
         .reg_mr(
@@ -496,11 +516,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     // meets an empty receive queue (an RNR retry over RC, a loss over UC).
     // Per QP, how many; taken by the first size's run.
     let preposted: Mutex<Option<Vec<u64>>> = Mutex::new(None);
-    let first = PerfParams::new(
-        a.op(),
-        a.sizes().first().copied().unwrap_or(65536),
-        a.iters(),
-    );
+    let first = PerfParams::new(a.op(), sizes.first().copied().unwrap_or(65536), a.iters());
     let connect = |n: &Negotiated, remote: &[PerftestDest]| -> Result<(), String> {
         let mtu = mtu_bytes(n.mtu).min(mtu);
         *negotiated_mtu.lock().unwrap_or_else(|p| p.into_inner()) = mtu;
@@ -553,12 +569,31 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     let remotes: Vec<RemoteBuf> = session
         .remote_dests
         .iter()
-        .map(|d| RemoteBuf {
-            addr: d.vaddr,
-            rkey: d.rkey,
-            len: remote_len,
+        .map(|d| -> Result<RemoteBuf, String> {
+            let ud = if ud {
+                // perftest's address handle: the peer's GID and QPN, its Q_Key.
+                let mut path = ctx
+                    .resolve_path(gid_index, std::net::Ipv6Addr::from(d.gid))
+                    .map_err(|e| format!("Couldn't create AH: {e}"))?;
+                path.traffic_class = opts.traffic_class;
+                path.hop_limit = opts.hop_limit;
+                path.flow_label = opts.flow_label;
+                Some(UdDest {
+                    path,
+                    remote_qpn: d.qpn,
+                    remote_qkey: opts.qkey,
+                })
+            } else {
+                None
+            };
+            Ok(RemoteBuf {
+                addr: d.vaddr,
+                rkey: d.rkey,
+                len: remote_len,
+                ud,
+            })
         })
-        .collect();
+        .collect::<Result<_, _>>()?;
     if a.table() {
         for (m, r) in session.my_dests.iter().zip(&session.remote_dests) {
             print_dest(" local address:", m);
@@ -583,6 +618,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         remotes: &remotes,
         per_qp,
         peer_is_ferroce,
+        last_size: sizes.last().copied().unwrap_or(0),
     };
     let op = a.op();
     let mut all_ok = true;
@@ -814,7 +850,7 @@ fn run_client(
     if a.lat {
         let res = match p.op {
             // Its receives were posted before the hand-shake (prepost_send).
-            PerfOp::Send => perf::send_lat_from(&e0.qp, &e0.cq, mr, p, true),
+            PerfOp::Send => perf::send_lat_from(&e0.qp, &e0.cq, mr, p, true, remotes[0].ud),
             PerfOp::Write => perf::write_lat(&e0.qp, &e0.cq, mr, &remotes[0], p, false, per_qp / 2),
             _ => perf::op_lat(&e0.qp, &e0.cq, mr, &remotes[0], p),
         }
@@ -872,6 +908,7 @@ fn client_check(
         remotes,
         per_qp,
         peer_is_ferroce,
+        ..
     } = setup;
     // A stock ib_write_bw registers no remote READ: reading back would draw a NAK and put the QP
     // in error, ending an `-a` run after its first size.
@@ -995,29 +1032,46 @@ fn received_check(
     got: u64,
 ) -> Result<Check, String> {
     let want = p.iters * setup.ends.len() as u64;
+    let kind = match a.connection {
+        Connection::UD => "UD",
+        _ => "UC",
+    };
     if got < want {
         eprintln!(
-            "received {got} of {want} messages: UC does not resend lost ones \
+            "received {got} of {want} messages: {kind} does not resend lost ones \
              (perftest's server ends the same way)"
         );
-        if a.all && p.size < *a.sizes().last().unwrap_or(&0) {
+        if a.all && p.size < setup.last_size {
             // The lost messages' receives stay posted, sized for this message:
             // a larger one would meet them and fail with a length error.
             return Err(format!(
-                "stopping -a after {} B: receives left posted for lost UC messages \
+                "stopping -a after {} B: receives left posted for lost {kind} messages \
                  cannot take larger ones (run the sizes one by one with -s)",
                 p.size
             ));
         }
     }
-    // The received messages hold the sender's pattern (ferroce peers fill it).
-    let span = u64::from(p.size).min(setup.per_qp);
-    Ok(
-        match perf::check_pattern(setup.mr, 0, span, PATTERN_SEED).map_err(|x| x.to_string())? {
-            None => Check::Verified,
-            Some(_) => Check::Skipped("the sender's data is not ferroce's pattern"),
-        },
-    )
+    // The received messages hold the sender's pattern (ferroce peers fill
+    // it). A UD receive holds the GRH first: its message is the sender's
+    // bytes from the same offset on (perf::bw_requester).
+    let ok = if a.connection == Connection::UD {
+        let at = u64::from(perf::UD_GRH);
+        let mut got = vec![0u8; p.size.min(setup.per_qp.saturating_sub(at) as u32) as usize];
+        setup.mr.read(at, &mut got).map_err(|x| x.to_string())?;
+        (at..)
+            .zip(&got)
+            .all(|(i, b)| *b == perf::pattern_byte(PATTERN_SEED, i))
+    } else {
+        let span = u64::from(p.size).min(setup.per_qp);
+        perf::check_pattern(setup.mr, 0, span, PATTERN_SEED)
+            .map_err(|x| x.to_string())?
+            .is_none()
+    };
+    Ok(if ok {
+        Check::Verified
+    } else {
+        Check::Skipped("the sender's data is not ferroce's pattern")
+    })
 }
 
 /// WRITE: read back what we wrote and compare. READ: what arrived must be
@@ -1104,8 +1158,8 @@ fn run_server(
         }
         (PerfOp::Send, true) => {
             // Its receives were posted before the hand-shake (prepost_send).
-            let res =
-                perf::send_lat_from(&e0.qp, &e0.cq, mr, p, false).map_err(|e| e.to_string())?;
+            let res = perf::send_lat_from(&e0.qp, &e0.cq, mr, p, false, remotes[0].ud)
+                .map_err(|e| e.to_string())?;
             Ok(Some((
                 res,
                 Check::Skipped("latency tests move no checkable data"),

@@ -247,6 +247,7 @@ fn run_tests(ca: &Context, cb: &Context) -> Result<Vec<Row>, ferroce_verbs::Erro
         addr: m.b.addr(),
         rkey: m.b.rkey(),
         len: m.b.len(),
+        ud: None,
     };
 
     let plan: Vec<(&str, PerfOp, u32, u64, bool)> = vec![
