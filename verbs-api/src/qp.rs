@@ -4,7 +4,7 @@
 use std::net::Ipv6Addr;
 
 use ferroce_stack::transport::{
-    AccessFlags, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendWr,
+    AccessFlags, Path, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendWr,
 };
 
 use crate::cq::CompletionQueue;
@@ -152,6 +152,19 @@ impl Default for ConnectOptions {
     }
 }
 
+impl ConnectOptions {
+    /// The path from GID `sgid_index` to `dgid` with these GRH fields: a
+    /// connected QP's (what [`QueuePair::connect`] sets) or a UD address
+    /// handle's.
+    pub fn path_to(&self, ctx: &crate::Context, dgid: Ipv6Addr) -> Result<Path> {
+        let mut path = ctx.resolve_path(self.sgid_index, dgid)?;
+        path.traffic_class = self.traffic_class;
+        path.hop_limit = self.hop_limit;
+        path.flow_label = self.flow_label & 0xf_ffff;
+        Ok(path)
+    }
+}
+
 /// A queue pair. Destroyed on drop.
 #[derive(Debug)]
 pub struct QueuePair<'pd> {
@@ -219,10 +232,7 @@ impl<'pd> QueuePair<'pd> {
         remote: &RemoteQp,
         opts: &ConnectOptions,
     ) -> Result<()> {
-        let mut path = ctx.resolve_path(opts.sgid_index, remote.gid)?;
-        path.traffic_class = opts.traffic_class;
-        path.hop_limit = opts.hop_limit;
-        path.flow_label = opts.flow_label & 0xf_ffff;
+        let path = opts.path_to(ctx, remote.gid)?;
         let rtr = QpAttr {
             qp_state: QpState::Rtr,
             path_mtu: opts.path_mtu,

@@ -572,12 +572,9 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         .map(|d| -> Result<RemoteBuf, String> {
             let ud = if ud {
                 // perftest's address handle: the peer's GID and QPN, its Q_Key.
-                let mut path = ctx
-                    .resolve_path(gid_index, std::net::Ipv6Addr::from(d.gid))
+                let path = opts
+                    .path_to(&ctx, std::net::Ipv6Addr::from(d.gid))
                     .map_err(|e| format!("Couldn't create AH: {e}"))?;
-                path.traffic_class = opts.traffic_class;
-                path.hop_limit = opts.hop_limit;
-                path.flow_label = opts.flow_label;
                 Some(UdDest {
                     path,
                     remote_qpn: d.qpn,
