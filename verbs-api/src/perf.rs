@@ -69,6 +69,12 @@ pub struct PerfParams {
     pub iters: u64,
     /// Outstanding work requests in bandwidth runs (perftest -t, default 128).
     pub tx_depth: u32,
+    /// Bandwidth runs: only every `cq_mod`-th request (and the last) asks
+    /// for a completion (perftest -Q, CQ moderation; at most `tx_depth`).
+    /// A `duration` run signals every one: its last is not known ahead.
+    pub cq_mod: u32,
+    /// Bandwidth runs: work requests per `post_send` call, at most (perftest -l).
+    pub post_list: u32,
     /// Run for this long instead of `iters` (perftest -D).
     pub duration: Option<Duration>,
     /// Give up when no completion arrives for this long.
@@ -87,6 +93,8 @@ impl PerfParams {
             size,
             iters,
             tx_depth: 128,
+            cq_mod: 1,
+            post_list: 32,
             duration: None,
             timeout: Duration::from_secs(10),
             spin: false,
@@ -246,7 +254,14 @@ pub fn bw_requester(
     let grh = u64::from(grh_of(qp));
     let slot = (u64::from(size) + grh).max(8);
     let local_slots = (mr.len().min(remote.len) / slot).max(1);
+    let cq_mod = match p.duration {
+        Some(_) => 1,
+        None => u64::from(p.cq_mod.clamp(1, p.tx_depth.max(1))),
+    };
+    let signaled = |i: u64| (i + 1).is_multiple_of(cq_mod) || i + 1 == p.iters;
     let mut posted = 0u64;
+    // Requests known complete: a completion covers its request and the
+    // unsignaled ones before it (a QP completes in order).
     let mut done = 0u64;
     let mut wcs = Vec::with_capacity(64);
     let start = Instant::now();
@@ -260,7 +275,7 @@ pub fn bw_requester(
         while !stopping
             && posted - done < u64::from(p.tx_depth)
             && !stop_at(p, start, posted)
-            && batch.len() < 32
+            && batch.len() < p.post_list.max(1) as usize
         {
             let off = (posted % local_slots) * slot + grh;
             batch.push((posted, op_for(p, remote, posted), off));
@@ -276,7 +291,7 @@ pub fn bw_requester(
                 .zip(&sges)
                 .map(|((id, op, _), sge)| {
                     let mut wr = SendWr::new(*id, *op, sge);
-                    wr.flags.signaled = true;
+                    wr.flags.signaled = signaled(*id);
                     wr.ud = remote.ud;
                     wr
                 })
@@ -287,8 +302,8 @@ pub fn bw_requester(
         let n = cq.poll(64, &mut wcs)?;
         for wc in &wcs {
             check_wc(wc)?;
+            done = done.max(wc.wr_id + 1);
         }
-        done += n as u64;
         if n > 0 {
             last_progress = Instant::now();
         } else if last_progress.elapsed() > p.timeout {

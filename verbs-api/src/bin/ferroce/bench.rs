@@ -21,8 +21,6 @@ use crate::common;
 /// the other end fills its buffers with the shared check pattern.
 const VERSION: &str = "6.19 ferroce";
 const PATTERN_SEED: u64 = 0x0f0e_0d0c;
-/// Receives a SEND bandwidth server keeps posted per QP.
-const SEND_BW_RX_DEPTH: u32 = 512;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Test {
@@ -136,6 +134,21 @@ pub struct Args {
     /// Outstanding work requests per QP in bandwidth tests.
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     pub tx_depth: u32,
+    /// Receives a SEND bandwidth receiver keeps posted per QP (perftest's `-r`).
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(1..=16384))]
+    pub rx_depth: u32,
+    /// CQ moderation in bandwidth tests (perftest's `-Q`): a completion for
+    /// every this many requests (at most the tx depth) and the last; a -D
+    /// run asks for every one.
+    #[arg(short = 'Q', long = "cq-mod", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub cq_mod: u32,
+    /// Work requests per post in bandwidth tests, at most (perftest's `-l`;
+    /// its default is 1, one ibv_post_send each: here posts are batched).
+    #[arg(short = 'l', long = "post_list", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub post_list: u32,
     /// Atomic operation.
     #[arg(
         short = 'A',
@@ -464,7 +477,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         // own thread: each polls its own CQ (perftest's send_cq and recv_cq).
         let rcq = if a.bidirectional && a.test() == Test::Send {
             Some(
-                ctx.create_cq(SEND_BW_RX_DEPTH + 1024)
+                ctx.create_cq(a.rx_depth + 1024)
                     .map_err(|e| format!("Couldn't create CQ: {e}"))?,
             )
         } else {
@@ -474,7 +487,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             .create_qp()
             .qp_type(a.qp_type())
             .max_send_wr(a.tx_depth.max(16))
-            .max_recv_wr(1024)
+            .max_recv_wr(a.rx_depth.max(1024))
             .build(&cq, rcq.as_ref().unwrap_or(&cq))
             .map_err(|e| format!("Couldn't create QP: {e}"))?;
         qp.to_init(&opts).map_err(|e| e.to_string())?;
@@ -627,6 +640,8 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         let mut pre = preposted.lock().unwrap_or_else(|p| p.into_inner()).take();
         let mut p = PerfParams::new(op, size, a.iters());
         p.tx_depth = a.tx_depth;
+        p.cq_mod = a.cq_mod;
+        p.post_list = a.post_list;
         // Busy polling spins on the CQ between polls, as perftest does.
         p.spin = engine_mode(a) == EngineMode::Polling;
         p.duration = a.duration.map(Duration::from_secs);
@@ -943,7 +958,7 @@ fn prepost_send(
             if a.lat {
                 perf::send_lat_prepost(&e.qp, mr, p).map(|()| 2)
             } else if receives {
-                perf::bw_prepost(&e.qp, mr, p, SEND_BW_RX_DEPTH)
+                perf::bw_prepost(&e.qp, mr, p, a.rx_depth)
             } else {
                 Ok(0)
             }
@@ -972,7 +987,7 @@ fn run_duplex_send(
             .zip(remotes)
             .enumerate()
             .map(|(i, (e, r))| {
-                let recv = s.spawn(move || receive_sends(e, mr, p, preposted, i));
+                let recv = s.spawn(move || receive_sends(e, mr, p, preposted, i, a.rx_depth));
                 let send = s.spawn(move || {
                     perf::bw_requester(&e.qp, &e.cq, mr, r, p).map_err(|x| x.to_string())
                 });
@@ -1010,11 +1025,12 @@ fn receive_sends(
     p: &PerfParams,
     preposted: Option<&[u64]>,
     i: usize,
+    rx_depth: u32,
 ) -> Result<u64, String> {
     let cq = e.rcq.as_ref().unwrap_or(&e.cq);
     match preposted.and_then(|v| v.get(i)) {
         Some(&n) => perf::bw_receiver_from(&e.qp, cq, mr, p, n),
-        None => perf::bw_receiver(&e.qp, cq, mr, p, SEND_BW_RX_DEPTH),
+        None => perf::bw_receiver(&e.qp, cq, mr, p, rx_depth),
     }
     .map_err(|x| x.to_string())
 }
@@ -1169,7 +1185,9 @@ fn run_server(
                 let hs: Vec<_> = ends
                     .iter()
                     .enumerate()
-                    .map(|(i, e)| s.spawn(move || receive_sends(e, mr, p, preposted, i)))
+                    .map(|(i, e)| {
+                        s.spawn(move || receive_sends(e, mr, p, preposted, i, a.rx_depth))
+                    })
                     .collect();
                 for h in hs {
                     got += h.join().unwrap_or_else(|_| Err("worker panicked".into()))?;
