@@ -415,6 +415,52 @@ fn output_prints_only_the_figure_and_limits_fail_the_run() {
     }
 }
 
+/// `-H`/`-U`: every latency sample, sorted (`-U`: first as measured), in
+/// perftest's `#, usec` / `i, sample` lines before the result, and in JSON.
+#[test]
+fn latency_samples_are_listed() {
+    let (c, s) = pair(&["send", "--lat", "-s", "8", "-n", "50", "-H"], port(90));
+    for o in [&c, &s] {
+        let l = &lines(o)[0];
+        let v: Vec<f64> = l["samples_us"]
+            .as_array()
+            .expect("samples_us")
+            .iter()
+            .map(|x| x.as_f64().expect("a number"))
+            .collect();
+        assert_eq!(v.len(), 50, "{l}");
+        assert!(v.windows(2).all(|w| w[0] <= w[1]), "sorted: {v:?}");
+        assert_eq!(v[25], l["t_typical_us"].as_f64().unwrap_or(-1.0), "{l}");
+    }
+    let (c, _) = pair(
+        &[
+            "write", "--lat", "-s", "8", "-n", "40", "-U", "--output", "latency",
+        ],
+        port(91),
+    );
+    let out = String::from_utf8_lossy(&c.stdout).into_owned();
+    let rows: Vec<&str> = out.lines().collect();
+    // Two lists of 40 (as measured, then sorted), each under its header, then the figure.
+    assert_eq!(rows.len(), 2 * 41 + 1, "{out}");
+    assert_eq!((rows[0], rows[41]), ("#, usec", "#, usec"), "{out}");
+    let list = |from: usize| -> Vec<f64> {
+        rows[from..from + 40]
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let (n, x) = r.split_once(", ").expect("i, sample");
+                assert_eq!(n, (i + 1).to_string());
+                x.parse().expect("a sample")
+            })
+            .collect()
+    };
+    let (mut measured, sorted) = (list(1), list(42));
+    assert!(sorted.windows(2).all(|w| w[0] <= w[1]), "{out}");
+    measured.sort_by(|x, y| x.total_cmp(y));
+    assert_eq!(measured, sorted);
+    assert!(rows[82].parse::<f64>().is_ok(), "{out}");
+}
+
 #[test]
 fn unsupported_combinations_are_refused() {
     for (args, says) in [
@@ -436,6 +482,7 @@ fn unsupported_combinations_are_refused() {
             "latency tests can be: latency",
         ),
         (&["send", "--lat", "-w", "1"][..], "-w and -y (limits)"),
+        (&["write", "-H"][..], "-H and -U (latency samples)"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_ferroce"))
             .arg("bench")

@@ -191,6 +191,14 @@ pub struct Args {
     /// One JSON object per result line instead of the table.
     #[arg(long, conflicts_with = "output")]
     pub json: bool,
+    /// Latency tests: print every sample, sorted, before the result line
+    /// (perftest's `-H`).
+    #[arg(short = 'H', long = "report-histogram")]
+    pub histogram: bool,
+    /// Latency tests: print every sample in the order measured, then sorted
+    /// as `-H` does (perftest's `-U`).
+    #[arg(short = 'U', long = "report-unsorted")]
+    pub unsorted: bool,
     /// Print only this figure of each size, nothing else (perftest's
     /// `--output`): bandwidth or message_rate for bandwidth tests, latency
     /// (the typical one) for latency tests.
@@ -412,6 +420,9 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             return Err("--output for latency tests can be: latency".into())
         }
         _ => {}
+    }
+    if !a.lat && (a.histogram || a.unsorted) {
+        return Err("-H and -U (latency samples) are for latency tests".into());
     }
     if a.lat && (a.limit_bw.is_some() || a.limit_msgrate.is_some()) {
         return Err("-w and -y (limits) are for bandwidth tests".into());
@@ -1275,6 +1286,9 @@ fn print_result(
             "peer_is_ferroce": peer_is_ferroce,
         });
         if let Some((min, typ, avg, p99, max)) = r.lat_summary() {
+            if a.histogram || a.unsorted {
+                v["samples_us"] = samples(a, r).into();
+            }
             v["t_min_us"] = min.into();
             v["t_typical_us"] = typ.into();
             v["t_avg_us"] = avg.into();
@@ -1293,6 +1307,12 @@ fn print_result(
         println!("{v}");
         return (bw, mpps);
     }
+    if a.unsorted && !r.lat_us.is_empty() {
+        print_samples(&r.lat_us);
+    }
+    if (a.histogram || a.unsorted) && !r.lat_us.is_empty() {
+        print_samples(&samples(a, r));
+    }
     match (a.output, r.lat_summary()) {
         (Some(OutputLevel::Latency), Some((_, typ, ..))) => println!("{typ:.6}"),
         (Some(OutputLevel::Bandwidth), None) => println!("{bw:.6}"),
@@ -1300,6 +1320,50 @@ fn print_result(
         _ => print_row(r, bw, mpps),
     }
     (bw, mpps)
+}
+
+/// The latency samples `-H`/`-U` report: sorted, or with `-U` (and
+/// `--json`) in the order measured.
+fn samples(a: &Args, r: &PerfResult) -> Vec<f64> {
+    let mut v = r.lat_us.clone();
+    if !(a.unsorted && a.json) {
+        v.sort_by(|x, y| x.total_cmp(y));
+    }
+    v
+}
+
+/// perftest's sample list: a `#, usec` line, then `i, sample` from 1.
+fn print_samples(v: &[f64]) {
+    println!("#, usec");
+    for (i, x) in v.iter().enumerate() {
+        println!("{}, {}", i + 1, c_g(*x));
+    }
+}
+
+/// C's `%g`, as perftest prints samples: six significant digits, trailing
+/// zeros dropped, an exponent below 1e-4 and from 1e6 on.
+fn c_g(x: f64) -> String {
+    let trim = |s: String| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s
+        }
+    };
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    // The exponent after rounding to six digits (999999.7 prints as 1e+06).
+    let sci = format!("{x:.5e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if (-4..6).contains(&exp) {
+        let decimals = usize::try_from(5 - exp).unwrap_or(0);
+        trim(format!("{x:.decimals$}"))
+    } else {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{}e{sign}{:02}", trim(mantissa.to_string()), exp.abs())
+    }
 }
 
 /// A perftest table row: latency figures, or bandwidth and message rate.
@@ -1369,7 +1433,23 @@ fn soak(d: Duration, netns_backend: Option<Backend>, json: bool) -> i32 {
 
 #[cfg(test)]
 mod tests {
-    use super::path_mtu;
+    use super::{c_g, path_mtu};
+
+    #[test]
+    fn samples_print_as_c_percent_g() {
+        for (x, want) in [
+            (5.18, "5.18"),
+            (123.456789, "123.457"),
+            (0.0001234, "0.0001234"),
+            (0.00001234, "1.234e-05"),
+            (999999.7, "1e+06"),
+            (1234567.0, "1.23457e+06"),
+            (7.0, "7"),
+            (0.0, "0"),
+        ] {
+            assert_eq!(c_g(x), want, "{x}");
+        }
+    }
 
     #[test]
     fn path_mtu_follows_perftest() {
