@@ -461,6 +461,42 @@ fn latency_samples_are_listed() {
     assert!(rows[82].parse::<f64>().is_ok(), "{out}");
 }
 
+/// `--run_infinitely`: the client prints a checked result every -D
+/// seconds until it is stopped; the server then ends by itself, exit 0.
+#[test]
+fn run_infinitely_reports_until_stopped() {
+    use std::io::BufRead;
+    let _one = ONE_PAIR.lock().unwrap_or_else(|p| p.into_inner());
+    let args = ["write", "-s", "65536", "--run_infinitely", "-D", "1"];
+    let port = port(95);
+    let mut srv = bench(&args, port, None);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut cli = bench(&args, port, Some("127.0.0.1"));
+    let out = cli.stdout.take().expect("client stdout");
+    let mut lines_read = std::io::BufReader::new(out).lines();
+    for _ in 0..3 {
+        let l = lines_read.next().expect("a result line").expect("read");
+        let v: Value = serde_json::from_str(&l).expect("JSON");
+        assert_eq!(v["data_check"], "verified", "{v}");
+        assert!(v["seconds"].as_f64().unwrap_or(0.0) >= 1.0, "{v}");
+        assert!(v["iterations"].as_u64().unwrap_or(0) > 0, "{v}");
+    }
+    cli.kill().expect("stop the client");
+    let _ = cli.wait();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(st) = srv.try_wait().expect("server") {
+            break st;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server did not end"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "server: {status}");
+}
+
 #[test]
 fn unsupported_combinations_are_refused() {
     for (args, says) in [
@@ -483,6 +519,14 @@ fn unsupported_combinations_are_refused() {
         ),
         (&["send", "--lat", "-w", "1"][..], "-w and -y (limits)"),
         (&["write", "-H"][..], "-H and -U (latency samples)"),
+        (
+            &["send", "--run_infinitely"][..],
+            "--run_infinitely runs WRITE",
+        ),
+        (
+            &["write", "--lat", "--run_infinitely"][..],
+            "is for bandwidth tests",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_ferroce"))
             .arg("bench")

@@ -670,6 +670,25 @@ impl Wire {
     /// Reads whatever the peer still sends (its `"done"`) until it closes or
     /// a short wait ends, so our close does not reset the connection under
     /// unread data. Failures are irrelevant here: the exchange is complete.
+    /// Waits, as long as it takes, until the peer closes the connection
+    /// (what it sends meanwhile is read and dropped).
+    pub(crate) fn wait_closed(&mut self, step: &'static str) -> Result<(), ExchangeError> {
+        self.stream
+            .set_read_timeout(None)
+            .map_err(|e| self.io_err(step, e))?;
+        let mut sink = [0u8; 64];
+        loop {
+            match self.stream.read(&mut sink) {
+                Ok(0) => return Ok(()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // A reset is the peer gone too (killed with unread data).
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Ok(()),
+                Err(e) => return Err(self.io_err(step, e)),
+            }
+        }
+    }
+
     pub(crate) fn drain_briefly(&mut self) {
         let _ = self
             .stream

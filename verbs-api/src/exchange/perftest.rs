@@ -439,6 +439,13 @@ impl PerftestConn {
         self.hand_shake_within("perftest: wait for the peer's end of test", mine, wait)
     }
 
+    /// The end of a `--run_infinitely` run for the side that only serves:
+    /// the peer has no end-of-test step and closes when it is stopped.
+    pub fn wait_closed(&mut self) -> Result<(), ExchangeError> {
+        self.wire
+            .wait_closed("perftest: wait for the peer to stop (run_infinitely)")
+    }
+
     /// `ctx_close_connection`: a barrier hand-shake, then `"done\0"`, then
     /// close. Like perftest we do not require the peer's `"done"`, but we
     /// read it briefly so closing does not reset the connection.

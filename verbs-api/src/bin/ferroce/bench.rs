@@ -191,6 +191,11 @@ pub struct Args {
     /// One JSON object per result line instead of the table.
     #[arg(long, conflicts_with = "output")]
     pub json: bool,
+    /// Run until stopped (Ctrl-C), printing a result line every -D seconds
+    /// (default 5): perftest's `--run_infinitely`, for WRITE, READ and
+    /// atomic bandwidth. The serving side ends when the client is stopped.
+    #[arg(long = "run_infinitely")]
+    pub run_infinitely: bool,
     /// Latency tests: print every sample, sorted, before the result line
     /// (perftest's `-H`).
     #[arg(short = 'H', long = "report-histogram")]
@@ -421,6 +426,21 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         }
         _ => {}
     }
+    if a.run_infinitely {
+        // perftest: "run_infinitely exists only in BW tests for now".
+        let why = if a.lat {
+            Some("is for bandwidth tests")
+        } else if a.test() == Test::Send {
+            Some("runs WRITE, READ or atomic here (a SEND receiver would need its count)")
+        } else if a.bidirectional || a.all {
+            Some("runs one size one way (no -b, no -a)")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(format!("--run_infinitely {why}"));
+        }
+    }
     if !a.lat && (a.histogram || a.unsorted) {
         return Err("-H and -U (latency samples) are for latency tests".into());
     }
@@ -641,6 +661,9 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         peer_is_ferroce,
         last_size: sizes.last().copied().unwrap_or(0),
     };
+    if a.run_infinitely {
+        return run_infinitely(a, setup, &mut session, client);
+    }
     let op = a.op();
     let mut all_ok = true;
     let mut limits = Limits::new(a);
@@ -761,6 +784,38 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         return Ok(false);
     }
     Ok(all_ok)
+}
+
+/// `--run_infinitely`: the client measures period after period (-D
+/// seconds, default 5) and prints each; only a signal stops it. The server
+/// serves until the client's control connection closes.
+fn run_infinitely(
+    a: &Args,
+    setup: Setup<'_, '_>,
+    session: &mut perftest::PerftestSession,
+    client: bool,
+) -> Result<bool, String> {
+    if !client {
+        session.conn.wait_closed().map_err(|e| e.to_string())?;
+        return Ok(true);
+    }
+    let size = setup.last_size;
+    let mut p = PerfParams::new(a.op(), size, u64::MAX);
+    p.tx_depth = a.tx_depth;
+    p.post_list = a.post_list;
+    p.spin = engine_mode(a) == EngineMode::Polling;
+    p.duration = Some(Duration::from_secs(a.duration.unwrap_or(5)));
+    loop {
+        let Some(res) = run_requesters(setup, &p)? else {
+            return Ok(true);
+        };
+        let check = client_check(a, setup, &p, &res)?;
+        if let Check::Mismatch(at) = check {
+            eprintln!("data check FAILED for size {size}: first wrong byte at offset {at}");
+            return Ok(false);
+        }
+        print_result(a, &res, None, &check, setup.peer_is_ferroce);
+    }
 }
 
 /// perftest's limit verifier (`-w`, `-y`): each passes once any reported
