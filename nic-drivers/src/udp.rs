@@ -462,7 +462,7 @@ impl UdpIo {
             )?;
         }
         // The TTL (hop limit) frames usually carry, so only others need a
-        // control message (one more per send cost ~10 % of a bulk sender).
+        // control message (one more on every send cost a bulk sender ~12 %).
         let ttl = libc::c_int::from(SOCKET_TTL);
         sys::setsockopt(raw, libc::IPPROTO_IP, libc::IP_TTL, &ttl, "IP_TTL")?;
         if v6 {
@@ -799,6 +799,12 @@ impl UdpIo {
         n
     }
 
+    /// A receive found the socket's queue empty: what comes next was queued
+    /// with GRO as it is now, so no datagram is left from before it went off.
+    fn queue_drained(&mut self) {
+        self.gro_stale = false;
+    }
+
     fn recv_mmsg(&mut self, max: usize, sink: &mut RxSinkChecked<'_>) -> Result<usize, NicError> {
         let mut delivered = 0;
         while delivered < max {
@@ -824,7 +830,7 @@ impl UdpIo {
                 let e = std::io::Error::last_os_error();
                 match e.raw_os_error() {
                     Some(libc::EAGAIN) => {
-                        self.gro_stale = false;
+                        self.queue_drained();
                         break;
                     }
                     Some(libc::EINTR) => break,
@@ -845,8 +851,7 @@ impl UdpIo {
                 self.rx_frames_per_msg = per.max(1);
             }
             if got < want as usize {
-                // The queue was empty: what comes next was queued with GRO as it is now.
-                self.gro_stale = false;
+                self.queue_drained();
                 break;
             }
         }
@@ -1558,8 +1563,7 @@ impl UdpIo {
             }
         }
         if filled < want {
-            // The queue ran dry: what comes next was queued with GRO as it is now.
-            self.gro_stale = false;
+            self.queue_drained();
         }
         self.uring_depth = if filled == want {
             (want * 2).min(self.rx_hdrs.len())

@@ -163,20 +163,42 @@ pub fn fill_pattern(mr: &MemoryRegion<'_>, offset: u64, len: u64, seed: u64) -> 
     mr.write(offset, &data)
 }
 
-/// Check `len` bytes of `mr` at `offset` hold the pattern; returns the first bad offset.
+/// Check `len` bytes of `mr` at `offset` hold the pattern from its start
+/// (as [`fill_pattern`] put it there); returns the first bad offset.
 pub fn check_pattern(
     mr: &MemoryRegion<'_>,
     offset: u64,
     len: u64,
     seed: u64,
 ) -> Result<Option<u64>> {
+    check_pattern_from(mr, offset, len, seed, 0)
+}
+
+/// [`check_pattern`] for bytes that still hold the pattern bytes of their
+/// own offsets, from a buffer filled whole at 0.
+pub fn check_pattern_in_place(
+    mr: &MemoryRegion<'_>,
+    offset: u64,
+    len: u64,
+    seed: u64,
+) -> Result<Option<u64>> {
+    check_pattern_from(mr, offset, len, seed, offset)
+}
+
+/// `len` bytes of `mr` at `offset` against the pattern from byte `first` on.
+fn check_pattern_from(
+    mr: &MemoryRegion<'_>,
+    offset: u64,
+    len: u64,
+    seed: u64,
+    first: u64,
+) -> Result<Option<u64>> {
     let mut data = vec![0u8; len as usize];
     mr.read(offset, &mut data)?;
-    Ok(data
-        .iter()
-        .enumerate()
-        .find(|(i, b)| **b != pattern_byte(seed, *i as u64))
-        .map(|(i, _)| i as u64))
+    Ok((0u64..)
+        .zip(&data)
+        .find(|(i, b)| **b != pattern_byte(seed, first + i))
+        .map(|(i, _)| i))
 }
 
 fn check_wc(wc: &WorkCompletion) -> Result<()> {

@@ -911,11 +911,13 @@ impl Check {
     }
 }
 
-/// The client measures; returns the result and the data check.
-fn run_client(
-    a: &Args,
+/// One side of a latency test on QP 0: both sides of a SEND or WRITE
+/// ping-pong measure; READ and atomics are measured by the client alone
+/// (the server's side serves them unseen).
+fn ping_pong(
     setup: Setup<'_, '_>,
     p: &PerfParams,
+    client: bool,
 ) -> Result<Option<(PerfResult, Check)>, String> {
     let Setup {
         ends,
@@ -924,19 +926,29 @@ fn run_client(
         per_qp,
         ..
     } = setup;
-    let e0 = &ends[0];
+    let (e0, r0) = (&ends[0], &remotes[0]);
+    let res = match p.op {
+        // Its receives were posted before the hand-shake (prepost_send).
+        PerfOp::Send => perf::send_lat_from(&e0.qp, &e0.cq, mr, p, client, r0.ud),
+        PerfOp::Write => perf::write_lat(&e0.qp, &e0.cq, mr, r0, p, !client, per_qp / 2),
+        _ if client => perf::op_lat(&e0.qp, &e0.cq, mr, r0, p),
+        _ => return Ok(None),
+    }
+    .map_err(|e| e.to_string())?;
+    Ok(Some((
+        res,
+        Check::Skipped("latency tests move no checkable data"),
+    )))
+}
+
+/// The client measures; returns the result and the data check.
+fn run_client(
+    a: &Args,
+    setup: Setup<'_, '_>,
+    p: &PerfParams,
+) -> Result<Option<(PerfResult, Check)>, String> {
     if a.lat {
-        let res = match p.op {
-            // Its receives were posted before the hand-shake (prepost_send).
-            PerfOp::Send => perf::send_lat_from(&e0.qp, &e0.cq, mr, p, true, remotes[0].ud),
-            PerfOp::Write => perf::write_lat(&e0.qp, &e0.cq, mr, &remotes[0], p, false, per_qp / 2),
-            _ => perf::op_lat(&e0.qp, &e0.cq, mr, &remotes[0], p),
-        }
-        .map_err(|e| e.to_string())?;
-        return Ok(Some((
-            res,
-            Check::Skipped("latency tests move no checkable data"),
-        )));
+        return ping_pong(setup, p, true);
     }
     let Some(res) = run_requesters(setup, p)? else {
         return Ok(None);
@@ -1218,32 +1230,9 @@ fn run_server(
     p: &PerfParams,
     preposted: Option<&[u64]>,
 ) -> Result<Option<(PerfResult, Check)>, String> {
-    let Setup {
-        ends,
-        mr,
-        remotes,
-        per_qp,
-        ..
-    } = setup;
-    let e0 = &ends[0];
+    let Setup { ends, mr, .. } = setup;
     match (p.op, a.lat) {
-        (PerfOp::Write, true) => {
-            let res = perf::write_lat(&e0.qp, &e0.cq, mr, &remotes[0], p, true, per_qp / 2)
-                .map_err(|e| e.to_string())?;
-            Ok(Some((
-                res,
-                Check::Skipped("latency tests move no checkable data"),
-            )))
-        }
-        (PerfOp::Send, true) => {
-            // Its receives were posted before the hand-shake (prepost_send).
-            let res = perf::send_lat_from(&e0.qp, &e0.cq, mr, p, false, remotes[0].ud)
-                .map_err(|e| e.to_string())?;
-            Ok(Some((
-                res,
-                Check::Skipped("latency tests move no checkable data"),
-            )))
-        }
+        (_, true) => ping_pong(setup, p, false),
         (PerfOp::Send, false) if p.duration.is_none() => {
             let t = std::time::Instant::now();
             let mut got = 0;
@@ -1275,9 +1264,6 @@ fn run_server(
 }
 
 fn print_header(a: &Args, ctx: &Context, mtu: u32, client: bool) {
-    if a.json {
-        return;
-    }
     println!(
         "---------------------------------------------------------------------------------------"
     );
