@@ -234,6 +234,10 @@ for m in virtio_pci failover net_failover virtio_net udp_tunnel ip6_udp_tunnel i
     rdma_rxe; do
     emit "$m"
 done
+# rxe's ICRC goes through the crypto API's "crc32"; with a CPU model that has PCLMULQDQ (`--cpu
+# max`) crc32-pclmul serves it, as on a real host, so rxe and ferroce (crc32fast) both use the CPU's
+# carry-less multiply. init.sh tolerates its refusal on CPUs without it (qemu64).
+emit crc32_pclmul optional
 # Useful extras (rdma_cm tools, netem, the 9p share): their absence does not stop rxe.
 for m in ib_umad configfs ib_cm iw_cm rdma_cm rdma_ucm sch_netem netfs fscache 9pnet 9pnet_virtio 9p; do
     emit "$m" optional

@@ -38,7 +38,11 @@ done
 hostname "$name"
 
 for m in $(cat /etc/ferroce-modules); do
-    insmod "/lib/modules/$m.ko" 2>/dev/console || fail "insmod $m"
+    case "$m" in
+    # Refuses to load (ENODEV) on a CPU without PCLMULQDQ; crc32_generic serves rxe then.
+    crc32_pclmul) insmod "/lib/modules/$m.ko" 2>/dev/null || true ;;
+    *) insmod "/lib/modules/$m.ko" 2>/dev/console || fail "insmod $m" ;;
+    esac
 done
 # The build script lists the modules in dependency order; rxe itself must be there.
 [ -d /sys/module/rdma_rxe ] || fail "rdma_rxe not loaded"
