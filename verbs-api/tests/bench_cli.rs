@@ -11,11 +11,11 @@ use serde_json::Value;
 fn bench(args: &[&str], port: u16, server: Option<&str>) -> std::process::Child {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ferroce"));
     c.arg("bench")
-        .args(args)
+        .args(args.iter().filter(|a| **a != TABLE))
         .args(["-d", "lo", "--backend", "udp", "-p"])
         .arg(port.to_string());
-    // JSON lines unless the run asks for perftest's bare figures.
-    if !args.contains(&"--output") {
+    // JSON lines unless the run asks for perftest's bare figures or its table.
+    if !args.contains(&"--output") && !args.contains(&TABLE) {
         c.arg("--json");
     }
     if let Some(s) = server {
@@ -24,6 +24,9 @@ fn bench(args: &[&str], port: u16, server: Option<&str>) -> std::process::Child 
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
     c.spawn().expect("run ferroce")
 }
+
+/// Among a test's arguments: run without `--json` (perftest's table).
+const TABLE: &str = "<table>";
 
 /// One pair at a time: pairs of parallel tests would share 127.0.0.1:4791
 /// with this one, and a device joining or leaving mid-run may steer a
@@ -495,6 +498,71 @@ fn run_infinitely_reports_until_stopped() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(status.success(), "server: {status}");
+}
+
+/// The banner and address lines in perftest 4.5's shape, with `-o` (the
+/// outstanding READs each side offers) in both; past the device's limit it is
+/// cut to it with perftest's words; `-o` outside READ/atomic is refused.
+#[test]
+fn outstanding_reads_and_the_perftest_banner() {
+    let (c, s) = pair(
+        &[TABLE, "read", "-s", "4096", "-n", "200", "-o", "4"],
+        port(60),
+    );
+    for (who, o, depth) in [("client", &c, true), ("server", &s, false)] {
+        let out = String::from_utf8_lossy(&o.stdout);
+        let has = |l: &str| out.lines().any(|x| x == l);
+        for l in [
+            "                    RDMA_Read BW Test",
+            " Connection type : RC\t\tUsing SRQ      : OFF",
+            " CQ Moderation   : 100",
+            " Link type       : Ethernet",
+            " Outstand reads  : 4",
+            " rdma_cm QPs\t : OFF",
+            " Data ex. method : Ethernet",
+        ] {
+            assert!(has(l), "{who}: no line {l:?} in\n{out}");
+        }
+        assert_eq!(has(" TX depth        : 128"), depth, "{who}:\n{out}");
+        // " local address: LID 0000 QPN 0x0011 PSN 0x1b2c3d OUT 0x04 RKey 0x000299 VAddr 0x0056952d600000"
+        let addr: Vec<&str> = out.lines().filter(|l| l.contains(" address: ")).collect();
+        assert_eq!(addr.len(), 2, "{who}:\n{out}");
+        for l in addr {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(w[2..5], ["LID", "0000", "QPN"], "{l}");
+            assert_eq!(w[8..10], ["OUT", "0x04"], "{l}");
+            assert_eq!((w[10], w[11].len(), w[13].len()), ("RKey", 8, 16), "{l}");
+        }
+        let gid = out.lines().find(|l| l.starts_with(" GID: ")).unwrap_or("");
+        // perftest prints the GID's bytes in decimal: an IPv4-mapped one has 255:255.
+        let bytes: Vec<&str> = gid.trim_start_matches(" GID: ").split(':').collect();
+        assert!(
+            bytes.len() == 16
+                && bytes
+                    .iter()
+                    .all(|b| b.len() >= 2 && b.parse::<u8>().is_ok())
+                && bytes[10..12] == ["255", "255"],
+            "{who}: {gid:?}"
+        );
+        // The result row: perftest's columns, tabs before the message rate.
+        let row = out.lines().find(|l| l.starts_with(" 4096 ")).unwrap_or("");
+        assert!(row.starts_with(" 4096       200  "), "{row:?}");
+        assert!(row.contains(" \t\t   0."), "{row:?}");
+    }
+    let (c, _) = pair(&["read", "-s", "8", "-n", "50", "-o", "99"], port(61));
+    let err = String::from_utf8_lossy(&c.stderr);
+    assert!(
+        err.contains("Number of outstanding reads is above max = 16")
+            && err.contains("Changing to that max value"),
+        "{err}"
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_ferroce"))
+        .args(["bench", "write", "-o", "4", "127.0.0.1"])
+        .output()
+        .expect("run ferroce");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr)
+        .contains("Setting Outstanding reads only available on READ verb"));
 }
 
 #[test]

@@ -116,6 +116,12 @@ pub struct Args {
     /// copies every payload into its frame, there is no inline limit.
     #[arg(short = 'I', long = "inline_size")]
     pub inline_size: Option<u32>,
+    /// Outstanding RDMA READ / atomic requests per QP (perftest's `-o`; READ
+    /// and atomic tests only): the initiator depth this side offers the peer.
+    /// Above the device's limit it is cut to it, as perftest does; 0 or
+    /// less, or none given: the device's limit.
+    #[arg(short = 'o', long = "outs", allow_negative_numbers = true)]
+    pub outs: Option<i64>,
     /// Wait for completions on the completion channel (perftest's `-e`):
     /// the engine thread runs the device and the test sleeps between
     /// completions, which is also what happens without `--busy-poll`.
@@ -408,6 +414,10 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         }
         _ => {}
     }
+    if a.outs.is_some() && !matches!(a.test(), Test::Read | Test::Atomic) {
+        // perftest's parser, word for word.
+        return Err("Setting Outstanding reads only available on READ verb".into());
+    }
     if a.ib_port != 1 {
         return Err(format!(
             "-i {}: a ferroce device has one port, port 1",
@@ -488,11 +498,20 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         .unwrap_or_else(|| common::default_gid_index(&ctx));
     let gid = ctx.query_gid(gid_index).map_err(|e| e.to_string())?;
     let defaults = ConnectOptions::default();
+    let max_rd = ctx.query_device().max_qp_rd_atom;
+    let (out_reads, cut) = out_reads(a.outs, max_rd);
+    if cut {
+        if a.table() {
+            println!("{RESULT_LINE}");
+        }
+        eprintln!(" Number of outstanding reads is above max = {max_rd}");
+        eprintln!(" Changing to that max value");
+    }
     let opts = ConnectOptions {
         path_mtu: mtu,
         sgid_index: gid_index,
-        max_rd_atomic: 16,
-        max_dest_rd_atomic: 16,
+        max_rd_atomic: out_reads,
+        max_dest_rd_atomic: out_reads,
         timeout: a.qp_timeout,
         traffic_class: a.tclass,
         hop_limit: a.hop_limit.unwrap_or(defaults.hop_limit),
@@ -568,7 +587,9 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             let o = ConnectOptions {
                 path_mtu: mtu,
                 local_psn: mine.psn,
-                max_rd_atomic: (theirs.out_reads.min(16) as u8).max(1),
+                // perftest: the requester keeps as many READs out as the
+                // responder said it takes (its OUT), at most the device's.
+                max_rd_atomic: (theirs.out_reads.min(u16::from(max_rd)) as u8).max(1),
                 ..opts
             };
             e.qp.connect(
@@ -590,7 +611,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     };
     let prepare = |_: &Negotiated| -> Result<Vec<PerftestDest>, String> { Ok(my_dests.clone()) };
     if a.table() {
-        print_header(a, &ctx, mtu, client);
+        print_header(a, &ctx, mtu, client, out_reads);
     }
     let mut session = match &a.servername {
         Some(s) => perftest::client((s.as_str(), a.port), &params, &xcfg, prepare, connect),
@@ -637,10 +658,14 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         .collect::<Result<_, _>>()?;
     if a.table() {
         for (m, r) in session.my_dests.iter().zip(&session.remote_dests) {
-            print_dest(" local address:", m);
-            print_dest(" remote address:", r);
+            for line in dest_lines("local", a.test(), m)
+                .into_iter()
+                .chain(dest_lines("remote", a.test(), r))
+            {
+                println!("{line}");
+            }
         }
-        println!("---------------------------------------------------------------------------------------");
+        println!("{RESULT_LINE}");
         if a.lat {
             println!(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ");
         } else if a.report_gbits {
@@ -765,12 +790,14 @@ fn run_inner(a: &Args) -> Result<bool, String> {
                 Some(OutputLevel::Bandwidth) => println!("{bw:.6}"),
                 Some(OutputLevel::MessageRate) => println!("{:.6}", theirs.msg_rate_avg),
                 _ if a.table() => println!(
-                    " {:<10} {:<16} {:<18.2} {:<20.2} {:.6}",
-                    theirs.size,
-                    theirs.iters,
-                    theirs.bw_peak * unit,
-                    bw,
-                    theirs.msg_rate_avg
+                    "{}",
+                    bw_row(
+                        theirs.size,
+                        theirs.iters,
+                        theirs.bw_peak * unit,
+                        bw,
+                        theirs.msg_rate_avg
+                    )
                 ),
                 _ => {}
             }
@@ -1263,42 +1290,145 @@ fn run_server(
     }
 }
 
-fn print_header(a: &Args, ctx: &Context, mtu: u32, client: bool) {
-    println!(
-        "---------------------------------------------------------------------------------------"
-    );
-    println!("                    {}", a.title());
-    println!(" Dual-port       : OFF\t\tDevice         : {}", ctx.name());
-    println!(" Number of qps   : {}\t\tTransport type : IB", a.qps);
-    println!(
-        " Connection type : {:?}\t\tUsing SRQ      : OFF",
-        a.connection
-    );
-    println!(
-        " {} TX depth      : {}",
-        if client { "" } else { " " },
-        a.tx_depth
-    );
-    println!(" Mtu             : {mtu}[B]");
-    println!(" Link type       : Ethernet");
-    println!(
-        " GID index       : {}",
-        a.gid_index
-            .unwrap_or_else(|| common::default_gid_index(ctx))
-    );
+/// perftest 4.5's test banner (`ctx_print_test_info`, as its tools print it
+/// on rxe), then ferroce's backend.
+fn print_header(a: &Args, ctx: &Context, mtu: u32, client: bool, out_reads: u8) {
+    let gid_index = a
+        .gid_index
+        .unwrap_or_else(|| common::default_gid_index(ctx));
+    let shape = Banner {
+        mtu,
+        client,
+        out_reads,
+        gid_index,
+    };
+    for line in header_lines(a, ctx.name(), &shape) {
+        println!("{line}");
+    }
     println!(" Backend         : {}", ctx.backend());
-    println!(
-        "---------------------------------------------------------------------------------------"
-    );
+    println!("{RESULT_LINE}");
 }
 
-fn print_dest(label: &str, d: &PerftestDest) {
-    let g = std::net::Ipv6Addr::from(d.gid);
-    println!(
-        "{label:<16} LID {:#06x} QPN {:#08x} PSN {:#08x} RKey {:#010x} VAddr {:#018x}",
-        d.lid, d.qpn, d.psn, d.rkey, d.vaddr
+/// perftest's separator line.
+const RESULT_LINE: &str =
+    "---------------------------------------------------------------------------------------";
+
+/// What the banner shows beside the arguments.
+struct Banner {
+    mtu: u32,
+    client: bool,
+    out_reads: u8,
+    gid_index: usize,
+}
+
+fn header_lines(a: &Args, device: &str, b: &Banner) -> Vec<String> {
+    let Banner {
+        mtu,
+        client,
+        out_reads,
+        gid_index,
+    } = *b;
+    let mut v = vec![
+        RESULT_LINE.to_string(),
+        format!("                    {}", a.title()),
+        format!(" Dual-port       : OFF\t\tDevice         : {device}"),
+        format!(" Number of qps   : {}\t\tTransport type : IB", a.qps),
+        format!(
+            " Connection type : {:?}\t\tUsing SRQ      : OFF",
+            a.connection
+        ),
+        // No PCIe below ferroce, and no ibv_wr_* API to choose.
+        " PCIe relax order: OFF".to_string(),
+        " ibv_wr* API     : OFF".to_string(),
+    ];
+    let read_like = matches!(a.test(), Test::Read | Test::Atomic);
+    let iters = a.iters();
+    if client || a.bidirectional {
+        // perftest cuts the depth to the iterations; a latency test keeps one out.
+        let depth = if a.lat {
+            1
+        } else if a.duration.is_some() {
+            u64::from(a.tx_depth)
+        } else {
+            u64::from(a.tx_depth).min(iters)
+        };
+        v.push(format!(" TX depth        : {depth}"));
+    }
+    if a.test() == Test::Send && (!client || a.bidirectional) {
+        let depth = if a.lat {
+            2
+        } else {
+            u64::from(a.rx_depth).min(iters)
+        };
+        v.push(format!(" RX depth        : {depth}"));
+    }
+    if !a.lat {
+        // What perf::bw_requester uses: every completion in a -D run.
+        let cq_mod = if a.duration.is_some() {
+            1
+        } else {
+            u64::from(a.cq_mod.clamp(1, a.tx_depth.max(1))).min(iters.max(1))
+        };
+        v.push(format!(" CQ Moderation   : {cq_mod}"));
+    }
+    v.push(format!(" Mtu             : {mtu}[B]"));
+    v.push(" Link type       : Ethernet".to_string());
+    v.push(format!(" GID index       : {gid_index}"));
+    if read_like {
+        v.push(format!(" Outstand reads  : {out_reads}"));
+    } else {
+        v.push(format!(
+            " Max inline data : {}[B]",
+            a.inline_size.unwrap_or(0)
+        ));
+    }
+    v.push(" rdma_cm QPs\t : OFF".to_string());
+    v.push(" Data ex. method : Ethernet".to_string());
+    v
+}
+
+/// One side's address as perftest prints it (`BASIC_ADDR_FMT`, then
+/// `READ_FMT` for READ, `RDMA_FMT` for READ and WRITE; the GID bytes in
+/// decimal, `PERF_GID_FMT`).
+fn dest_lines(side: &str, test: Test, d: &PerftestDest) -> [String; 2] {
+    let mut l = format!(
+        " {side} address: LID {} QPN {} PSN {}",
+        c_alt_hex(u64::from(d.lid), 4),
+        c_alt_hex(u64::from(d.qpn), 6),
+        c_alt_hex(u64::from(d.psn), 6)
     );
-    println!(" GID: {g}");
+    if test == Test::Read {
+        l.push_str(&format!(" OUT {}", c_alt_hex(u64::from(d.out_reads), 4)));
+    }
+    if matches!(test, Test::Read | Test::Write) {
+        l.push_str(&format!(
+            " RKey {} VAddr {}",
+            c_alt_hex(u64::from(d.rkey), 8),
+            c_alt_hex(d.vaddr, 16)
+        ));
+    }
+    let gid: Vec<String> = d.gid.iter().map(|b| format!("{b:02}")).collect();
+    [l, format!(" GID: {}", gid.join(":"))]
+}
+
+/// C's `%#0Nx`: `0x` and zero padding to N characters in all, except that
+/// zero gets no `0x` (it prints as N zeros).
+fn c_alt_hex(v: u64, width: usize) -> String {
+    if v == 0 {
+        format!("{:0width$}", 0)
+    } else {
+        format!("{v:#0width$x}")
+    }
+}
+
+/// perftest's `ctx_set_out_reads`: what `-o` asked for, cut to the device's
+/// limit (with its two lines on stderr), or the limit when not given or not positive.
+fn out_reads(asked: Option<i64>, max: u8) -> (u8, bool) {
+    match asked {
+        Some(n) if n > i64::from(max) => (max, true),
+        Some(n) if n > 0 => (n as u8, false),
+        _ => (max, false),
+    }
 }
 
 /// One result line; with `peer` (a bidirectional run), bandwidth and
@@ -1415,8 +1545,9 @@ fn print_row(r: &PerfResult, bw: f64, mpps: f64) {
         let mut v = r.lat_us.clone();
         v.sort_by(|x, y| x.total_cmp(y));
         let p999 = v[((n * 0.999) as usize).min(v.len() - 1)];
+        // perftest 4.5's REPORT_FMT_LAT (tabs and all).
         println!(
-            " {:<6} {:<10} {:<14.2} {:<12.2} {:<16.2} {:<14.2} {:<15.2} {:<22.2} {:.2}",
+            " {:<7} {}          {:<7.2}        {:<7.2}      {:<7.2}  \t       {:<7.2}     \t{:<7.2}\t\t{:<7.2} \t\t{:<7.2}",
             r.size,
             r.iters,
             min,
@@ -1428,11 +1559,19 @@ fn print_row(r: &PerfResult, bw: f64, mpps: f64) {
             p999
         );
     } else {
-        println!(
-            " {:<10} {:<16} {:<18.2} {:<20.2} {:.6}",
-            r.size, r.iters, bw, bw, mpps
-        );
+        println!("{}", bw_row(r.size, r.iters, bw, bw, mpps));
     }
+}
+
+/// A bandwidth result row in perftest 4.5's REPORT_FMT (tabs and all).
+fn bw_row(
+    size: impl std::fmt::Display,
+    iters: impl std::fmt::Display,
+    peak: f64,
+    avg: f64,
+    mpps: f64,
+) -> String {
+    format!(" {size:<7}    {iters:<10}       {peak:<7.2}            {avg:<7.2}\t\t   {mpps:<7.6}")
 }
 
 /// `--soak`: print what the soak did; exit 1 on any lost or wrong data, a
@@ -1474,7 +1613,27 @@ fn soak(d: Duration, netns_backend: Option<Backend>, json: bool) -> i32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{c_g, path_mtu};
+    use super::{c_alt_hex, c_g, out_reads, path_mtu};
+
+    #[test]
+    fn addresses_print_as_c_alternate_hex() {
+        // What perftest 4.5 printed on rxe: `LID 0000 QPN 0x0011 ... OUT 0x04 RKey 0x00027b`.
+        assert_eq!(c_alt_hex(0, 4), "0000");
+        assert_eq!(c_alt_hex(0x11, 6), "0x0011");
+        assert_eq!(c_alt_hex(0xe980cb, 6), "0xe980cb");
+        assert_eq!(c_alt_hex(4, 4), "0x04");
+        assert_eq!(c_alt_hex(0x27b, 8), "0x00027b");
+        assert_eq!(c_alt_hex(0x7fb8c2eab000, 16), "0x007fb8c2eab000");
+    }
+
+    #[test]
+    fn outstanding_reads_follow_perftest() {
+        assert_eq!(out_reads(None, 16), (16, false));
+        assert_eq!(out_reads(Some(4), 16), (4, false));
+        assert_eq!(out_reads(Some(0), 16), (16, false));
+        assert_eq!(out_reads(Some(-3), 16), (16, false));
+        assert_eq!(out_reads(Some(999), 16), (16, true));
+    }
 
     #[test]
     fn samples_print_as_c_percent_g() {
