@@ -1086,6 +1086,51 @@ fn tclass_extra(o: &Outcome) -> Result<String, String> {
     })
 }
 
+/// READs allowed out at once in the `-o` case.
+const OUTS: usize = 2;
+
+/// [`perftest_extra`], and the READ requester (the client, ferroce or rxe) never had more than
+/// [`OUTS`] READs out: counted in the capture (requests seen less responses ended, LAST or ONLY),
+/// which sees each request after its requester counted it and each response's end before its
+/// requester did, so the count there never exceeds the requester's own.
+fn outs_extra(o: &Outcome) -> Result<String, String> {
+    let check = perftest_extra(o)?;
+    let file = std::fs::File::open(&o.pcap).map_err(|e| format!("open: {e}"))?;
+    let mut r = pcap_file::pcap::PcapReader::new(file).map_err(|e| format!("pcap: {e}"))?;
+    let (mut out, mut most, mut requests) = (0usize, 0usize, 0usize);
+    while let Some(p) = r.next_packet() {
+        let d = p.map_err(|e| format!("pcap: {e}"))?.data;
+        // IPv4 without options, UDP to 4791: the BTH's opcode at 42.
+        if d.get(12..14) != Some(&[0x08, 0x00][..]) || d.get(36..38) != Some(&[0x12, 0xb7][..]) {
+            continue;
+        }
+        match d.get(42) {
+            Some(0x0c) => {
+                out += 1;
+                requests += 1;
+                most = most.max(out);
+            }
+            // RDMA READ response LAST or ONLY: that READ is done.
+            Some(0x0f | 0x10) => out = out.saturating_sub(1),
+            _ => {}
+        }
+    }
+    if requests == 0 {
+        return Err("no READ request in the capture".into());
+    }
+    if most > OUTS {
+        return Err(format!(
+            "{most} READs out at once on the wire, both sides offered -o {OUTS}"
+        ));
+    }
+    let seen = format!("{requests} READ requests, at most {most} out at once (-o {OUTS})");
+    Ok(if check.is_empty() {
+        seen
+    } else {
+        format!("{check}; {seen}")
+    })
+}
+
 #[test]
 fn perftest_bw_interop() {
     let Some(mut env) = env_or_skip("perftest_bw_interop") else {
@@ -1185,6 +1230,17 @@ fn perftest_bw_interop() {
         case.operation = format!("WRITE bw {}", set.what);
         rows.extend(judge_both(&mut env, case, tclass_extra));
     }
+    // `-o`: each side offers OUTS as its READ responder depth (perftest's OUT); the requester
+    // keeps no more out than the responder took.
+    let outs_args = format!("-o {OUTS} -m 4096 -s 65536 -n 50");
+    let set = PerfSet {
+        args: &outs_args,
+        ipv6: false,
+        what: "-o 2 (outstanding READs), 65536 B × 50",
+    };
+    let mut case = perf_case(&env, "ib_read_bw", "read", &set, &[0x0c, 0x0d, 0x0f]).timeout(60);
+    case.operation = format!("READ bw {}", set.what);
+    rows.extend(judge_both(&mut env, case, outs_extra));
     // Unreliable datagram (`-c UD`): SEND only, one packet per message (sizes up to the MTU),
     // each receive led by the 40-byte GRH.
     for (args, what) in [
@@ -1275,7 +1331,7 @@ fn perftest_bw_interop() {
          with `-a`; \
          WRITE and SEND over UC (`-c UC`); SEND over UD (`-c UD`, one size and `-a`); \
          WRITE with a traffic class (`--tclass 106`) over IPv4 and IPv6, every packet of both \
-         sides checked for it; \
+         sides checked for it; READ with `-o 2`, the READs out at once counted in the capture; \
          then `-a` (2 B to 8 MiB) for WRITE with ferroce as the client and for SEND in both roles. perftest itself checks no \
          data; ferroce's client reads WRITEs back and checks READ data when the peer is ferroce.",
         &rows,
