@@ -100,8 +100,23 @@ fn bidirectional_runs_report_the_sum_of_both_directions() {
             // Each side read back what it wrote (WRITE) or checked what it read.
             assert_eq!(x["data_check"], "verified", "{x}");
             assert_eq!(y["data_check"], "verified", "{y}");
-            assert_eq!(x["local_bw_mb_s"], y["remote_bw_mb_s"], "{args:?}");
-            assert_eq!(x["remote_bw_mb_s"], y["local_bw_mb_s"], "{args:?}");
+            // The reports cross in perftest's unit (MiB/s): equal up to rounding.
+            let same = |u: &Value, v: &Value| {
+                let (u, v) = (u.as_f64().unwrap(), v.as_f64().unwrap());
+                (u - v).abs() <= 1e-9 * u.abs().max(v.abs())
+            };
+            assert!(
+                same(&x["local_bw_mb_s"], &y["remote_bw_mb_s"]),
+                "{args:?} {x} {y}"
+            );
+            assert!(
+                same(&x["remote_bw_mb_s"], &y["local_bw_mb_s"]),
+                "{args:?} {x} {y}"
+            );
+            // perftest's column is MiB/s: 10^6 / 2^20 of the SI figure.
+            let perftest = x["bw_avg_perftest"].as_f64().unwrap();
+            let si = x["bw_mb_s"].as_f64().unwrap();
+            assert!((perftest * 1.048576 - si).abs() < 1e-6 * si, "{x}");
             let sum = x["local_bw_mb_s"].as_f64().unwrap() + x["remote_bw_mb_s"].as_f64().unwrap();
             assert!((x["bw_mb_s"].as_f64().unwrap() - sum).abs() < 1e-6 * sum);
             assert!(x["local_bw_mb_s"].as_f64().unwrap() > 0.0);
@@ -563,6 +578,41 @@ fn outstanding_reads_and_the_perftest_banner() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr)
         .contains("Setting Outstanding reads only available on READ verb"));
+}
+
+/// perftest's BW peak: measured (at least the average, which is the run as a
+/// whole) unless `-N` or a `-D` run; the average in MiB/s as perftest's "MB/sec".
+#[test]
+fn bandwidth_peak_follows_perftest() {
+    for (i, (args, measured)) in [
+        (&["write", "-s", "4096", "-n", "500"][..], true),
+        (&["write", "-s", "4096", "-n", "500", "-N"][..], false),
+        (&["read", "-s", "4096", "-D", "1"][..], false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (c, _) = pair(args, port(70 + i as u16));
+        let r = &lines(&c)[0];
+        let (peak, avg) = (
+            r["bw_peak_perftest"].as_f64().unwrap(),
+            r["bw_avg_perftest"].as_f64().unwrap(),
+        );
+        assert!(avg > 0.0, "{args:?}: {r}");
+        if measured {
+            assert!(peak >= avg * 0.999, "{args:?}: {r}");
+        } else {
+            assert_eq!(peak, 0.0, "{args:?}: {r}");
+        }
+        let si = r["bw_mb_s"].as_f64().unwrap();
+        assert!((avg * 1.048576 - si).abs() < 1e-6 * si, "{args:?}: {r}");
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_ferroce"))
+        .args(["bench", "send", "--lat", "-N", "127.0.0.1"])
+        .output()
+        .expect("run ferroce");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("NoPeak only valid for BW tests"));
 }
 
 #[test]

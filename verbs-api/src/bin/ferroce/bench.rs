@@ -116,6 +116,10 @@ pub struct Args {
     /// copies every payload into its frame, there is no inline limit.
     #[arg(short = 'I', long = "inline_size")]
     pub inline_size: Option<u32>,
+    /// Don't measure the peak bandwidth (perftest's `-N`): it prints as 0.
+    /// perftest measures it only up to 20000 iterations and never in a `-D` run.
+    #[arg(short = 'N', long = "noPeak")]
+    pub no_peak: bool,
     /// Outstanding RDMA READ / atomic requests per QP (perftest's `-o`; READ
     /// and atomic tests only): the initiator depth this side offers the peer.
     /// Above the device's limit it is cut to it, as perftest does; 0 or
@@ -414,6 +418,9 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         }
         _ => {}
     }
+    if a.no_peak && a.lat {
+        return Err("NoPeak only valid for BW tests".into());
+    }
     if a.outs.is_some() && !matches!(a.test(), Test::Read | Test::Atomic) {
         // perftest's parser, word for word.
         return Err("Setting Outstanding reads only available on READ verb".into());
@@ -701,6 +708,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         p.tx_depth = a.tx_depth;
         p.cq_mod = a.cq_mod;
         p.post_list = a.post_list;
+        p.peak = !a.no_peak;
         // Busy polling spins on the CQ between polls, as perftest does.
         p.spin = engine_mode(a) == EngineMode::Polling;
         p.duration = a.duration.map(Duration::from_secs);
@@ -734,7 +742,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             }
             let mine = r
                 .as_ref()
-                .map(|(res, _)| bw_report(res))
+                .map(|(res, _)| bw_report(a, res))
                 .unwrap_or_default();
             let theirs = session.xchg_bw_report(&mine).map_err(|e| e.to_string())?;
             // Both sides have finished: check what this one moved.
@@ -771,7 +779,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         all_ok &= check.ok();
         let (bw, mpps) = print_result(a, &res, peer.as_ref(), &check, peer_is_ferroce);
         limits.see(bw, mpps);
-        last_report = bw_report(&res);
+        last_report = bw_report(a, &res);
     }
     if write_lat {
         // ib_write_lat just closes its socket after the run (no closing
@@ -782,9 +790,9 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     } else {
         let theirs = session.finish_bw(&last_report).map_err(|e| e.to_string())?;
         if !client {
-            // perftest reports exchange MB/s; show them in the unit asked for.
-            let unit = if a.report_gbits { 8.0 / 1000.0 } else { 1.0 };
-            let bw = theirs.bw_avg * unit;
+            // The client's report, in the unit both were asked for (perftest
+            // prints it as it came).
+            let bw = theirs.bw_avg;
             limits.see(bw, theirs.msg_rate_avg);
             match a.output {
                 Some(OutputLevel::Bandwidth) => println!("{bw:.6}"),
@@ -794,7 +802,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
                     bw_row(
                         theirs.size,
                         theirs.iters,
-                        theirs.bw_peak * unit,
+                        theirs.bw_peak,
                         bw,
                         theirs.msg_rate_avg
                     )
@@ -883,13 +891,14 @@ impl Limits {
     }
 }
 
-/// Our side of perftest's report exchange (peak: the average, we keep no peak).
-fn bw_report(res: &PerfResult) -> BwReport {
+/// Our side of perftest's report exchange, in the report's unit (MiB/s or
+/// Gbit/s, as perftest sends it).
+fn bw_report(a: &Args, res: &PerfResult) -> BwReport {
     BwReport {
         size: u64::from(res.size),
         iters: res.iters,
-        bw_peak: res.mb_per_sec(),
-        bw_avg: res.mb_per_sec(),
+        bw_peak: res.perftest_peak(a.report_gbits),
+        bw_avg: res.perftest_bw(a.report_gbits),
         msg_rate_avg: res.mpps(),
         ..BwReport::default()
     }
@@ -1039,11 +1048,16 @@ fn client_check(
     Ok(check)
 }
 
-/// The QPs' results of one run as one: their iterations, the longest time.
+/// The QPs' results of one run as one: their iterations, the longest time,
+/// their peaks added (the QPs ran side by side).
 fn combine(results: Vec<PerfResult>) -> Option<PerfResult> {
     results.into_iter().reduce(|mut t, r| {
         t.iters += r.iters;
         t.elapsed = t.elapsed.max(r.elapsed);
+        t.peak_bytes_per_sec = t
+            .peak_bytes_per_sec
+            .zip(r.peak_bytes_per_sec)
+            .map(|(x, y)| x + y);
         t
     })
 }
@@ -1283,6 +1297,7 @@ fn run_server(
                 iters: got,
                 elapsed: t.elapsed(),
                 lat_us: Vec::new(),
+                peak_bytes_per_sec: None,
             };
             Ok(Some((res, check)))
         }
@@ -1441,11 +1456,23 @@ fn print_result(
     check: &Check,
     peer_is_ferroce: bool,
 ) -> (f64, f64) {
-    let (peer_mb, peer_mpps) = peer.map_or((0.0, 0.0), |p| (p.bw_avg, p.msg_rate_avg));
-    let mb = r.mb_per_sec() + peer_mb;
+    let g = a.report_gbits;
+    // The peer's report is in perftest's unit; JSON gives 10^6 bytes per second.
+    let peer_mb = |x: f64| {
+        if g {
+            x * 1e3 / 8.0
+        } else {
+            x * f64::from(1u32 << 20) / 1e6
+        }
+    };
+    let (peer_bw, peer_peak, peer_mpps) =
+        peer.map_or((0.0, 0.0, 0.0), |p| (p.bw_avg, p.bw_peak, p.msg_rate_avg));
+    let mb = r.mb_per_sec() + peer_mb(peer_bw);
     let mpps = r.mpps() + peer_mpps;
     let gbits = mb * 8.0 / 1000.0;
-    let bw = if a.report_gbits { gbits } else { mb };
+    // perftest's columns: MB/sec there is MiB/s.
+    let bw = r.perftest_bw(g) + peer_bw;
+    let peak = r.perftest_peak(g) + peer_peak;
     if a.json {
         let mut v = serde_json::json!({
             "test": a.title(),
@@ -1468,11 +1495,14 @@ fn print_result(
         } else {
             v["bw_mb_s"] = mb.into();
             v["bw_gbit_s"] = gbits.into();
+            // perftest's figures: MiB/s (its "MB/sec") or Gbit/s with --report_gbits.
+            v["bw_avg_perftest"] = bw.into();
+            v["bw_peak_perftest"] = peak.into();
             v["msg_rate_mpps"] = mpps.into();
             if let Some(p) = peer {
                 v["bidirectional"] = true.into();
                 v["local_bw_mb_s"] = r.mb_per_sec().into();
-                v["remote_bw_mb_s"] = p.bw_avg.into();
+                v["remote_bw_mb_s"] = peer_mb(p.bw_avg).into();
             }
         }
         println!("{v}");
@@ -1488,7 +1518,7 @@ fn print_result(
         (Some(OutputLevel::Latency), Some((_, typ, ..))) => println!("{typ:.6}"),
         (Some(OutputLevel::Bandwidth), None) => println!("{bw:.6}"),
         (Some(OutputLevel::MessageRate), None) => println!("{mpps:.6}"),
-        _ => print_row(r, bw, mpps),
+        _ => print_row(r, peak, bw, mpps),
     }
     (bw, mpps)
 }
@@ -1538,7 +1568,7 @@ fn c_g(x: f64) -> String {
 }
 
 /// A perftest table row: latency figures, or bandwidth and message rate.
-fn print_row(r: &PerfResult, bw: f64, mpps: f64) {
+fn print_row(r: &PerfResult, peak: f64, bw: f64, mpps: f64) {
     if let Some((min, typ, avg, p99, max)) = r.lat_summary() {
         let n = r.lat_us.len() as f64;
         let var = r.lat_us.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / n;
@@ -1559,7 +1589,7 @@ fn print_row(r: &PerfResult, bw: f64, mpps: f64) {
             p999
         );
     } else {
-        println!("{}", bw_row(r.size, r.iters, bw, bw, mpps));
+        println!("{}", bw_row(r.size, r.iters, peak, bw, mpps));
     }
 }
 
