@@ -37,6 +37,12 @@ pub enum Error {
     /// An I/O error outside the packet engine (files, commands).
     #[error("{0}: {1}")]
     Io(&'static str, std::io::Error),
+    /// The peer's connection manager refused the connection (a CM REJ).
+    #[error("connection rejected by the peer: reason {reason} ({})", crate::cm::reject_reason_name(*reason))]
+    Rejected { reason: u16 },
+    /// A connection-manager exchange went wrong (an unexpected message).
+    #[error("connection manager: {0}")]
+    Cm(String),
     /// The soak found lost or wrong data, a failed work request or a stuck QP.
     #[error("soak: {0}")]
     Soak(String),

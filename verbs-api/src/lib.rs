@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod cm;
 pub mod context;
 pub mod counters;
 pub mod cq;

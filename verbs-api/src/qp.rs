@@ -90,6 +90,37 @@ impl<'pd> QpBuilder<'pd> {
     }
 }
 
+impl<'pd> QpBuilder<'pd> {
+    /// QP1 of the device, for its connection manager ([`crate::cm`]): a UD
+    /// QP with this builder's capacities.
+    pub(crate) fn build_gsi(
+        self,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+    ) -> Result<QueuePair<'pd>> {
+        let init = QpInitAttr {
+            qp_type: QpType::Ud,
+            send_cq: send_cq.handle,
+            recv_cq: recv_cq.handle,
+            srq: None,
+            cap: self.cap,
+            sq_sig_all: true,
+        };
+        let qpn = self
+            .pd
+            .shared
+            .engine
+            .lock()
+            .core
+            .create_gsi_qp(self.pd.handle, &init)?;
+        Ok(QueuePair {
+            pd: self.pd,
+            qpn,
+            qp_type: QpType::Ud,
+        })
+    }
+}
+
 /// What the other side of a connection told us (over the out-of-band exchange).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RemoteQp {

@@ -198,6 +198,8 @@ impl Ctx<'_> {
 
 /// The QPN of slot 0 (rxe starts at RXE_MIN_QP_INDEX 16 + 1; 0 and 1 are special).
 const QPN_BASE: u32 = 0x11;
+/// QP1, the general service QP (IBTA §10.2.5).
+const GSI_QPN: u32 = crate::wire::mad::GSI_QPN;
 
 /// Unacknowledged PSNs an rxe requester sends before it waits (rxe_param.h:
 /// RXE_MAX_UNACKED_PSNS).
@@ -222,6 +224,9 @@ pub struct Core {
     srqs: Vec<Option<Srq>>,
     qps: Vec<Option<Box<Qp>>>,
     free_qps: Vec<u32>,
+    /// The slot of QP1 (the general service QP, [`Core::create_gsi_qp`]):
+    /// frames to QPN 1 go there, none to the QPN its slot would have.
+    gsi_slot: Option<u32>,
     ready: VecDeque<u32>,
     timers: BinaryHeap<Reverse<(Instant, u32)>>,
     events: VecDeque<AsyncEvent>,
@@ -257,6 +262,7 @@ impl Core {
             srqs: Vec::new(),
             qps: Vec::new(),
             free_qps: Vec::new(),
+            gsi_slot: None,
             ready: VecDeque::new(),
             timers: BinaryHeap::new(),
             events: VecDeque::new(),
@@ -480,6 +486,29 @@ impl Core {
 
     /// Create a QP in RESET; returns its QPN.
     pub fn create_qp(&mut self, pd: PdHandle, init: &QpInitAttr) -> Result<u32, VerbsError> {
+        self.create_qp_numbered(pd, init, None)
+    }
+
+    /// Create QP1, the general service QP (a UD QP that connection
+    /// managers' MADs are addressed to, IBTA §13.5): one per device, for the
+    /// device's own connection manager. Its Q_Key is set at INIT as any UD
+    /// QP's (0x80010000 for QP1).
+    pub fn create_gsi_qp(&mut self, pd: PdHandle, init: &QpInitAttr) -> Result<u32, VerbsError> {
+        if init.qp_type != QpType::Ud {
+            return Err(VerbsError::Invalid("QP1 is a UD QP"));
+        }
+        if self.gsi_slot.is_some() {
+            return Err(VerbsError::Invalid("QP1 exists"));
+        }
+        self.create_qp_numbered(pd, init, Some(GSI_QPN))
+    }
+
+    fn create_qp_numbered(
+        &mut self,
+        pd: PdHandle,
+        init: &QpInitAttr,
+        fixed_qpn: Option<u32>,
+    ) -> Result<u32, VerbsError> {
         self.pd_ok(pd)?;
         self.cq_ok(init.send_cq)?;
         self.cq_ok(init.recv_cq)?;
@@ -516,7 +545,13 @@ impl Core {
                 self.qps.len() as u32 - 1
             }
         };
-        let qpn = slot + self.qpn_range().0;
+        let qpn = match fixed_qpn {
+            Some(n) => {
+                self.gsi_slot = Some(slot);
+                n
+            }
+            None => slot + self.qpn_range().0,
+        };
         let mut qp = Box::new(Qp::new(qpn, pd, init));
         if init.qp_type == QpType::Ud {
             qp.attr.path_mtu = self.cfg.port_mtu;
@@ -537,8 +572,15 @@ impl Core {
     }
 
     fn slot_of(&self, qpn: u32) -> Option<usize> {
+        if qpn == GSI_QPN {
+            return self.gsi_slot.map(|s| s as usize);
+        }
         let (base, end) = self.qpn_range();
-        (base..end).contains(&qpn).then(|| (qpn - base) as usize)
+        (base..end)
+            .contains(&qpn)
+            .then(|| qpn - base)
+            .filter(|s| Some(*s) != self.gsi_slot)
+            .map(|s| s as usize)
     }
 
     fn qp_mut(&mut self, qpn: u32) -> Result<&mut Qp, VerbsError> {
@@ -553,6 +595,9 @@ impl Core {
         if let Some(s) = self.slot_of(qpn) {
             self.qps[s] = None;
             self.free_qps.push(s as u32);
+            if qpn == GSI_QPN {
+                self.gsi_slot = None;
+            }
         }
         Ok(())
     }

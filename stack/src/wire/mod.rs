@@ -17,6 +17,7 @@ mod field;
 pub mod icrc;
 pub mod ieth;
 pub mod immdt;
+pub mod mad;
 pub mod opcode;
 pub mod packet;
 pub mod reth;

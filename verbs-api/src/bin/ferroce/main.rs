@@ -11,6 +11,7 @@ mod common;
 mod demo;
 mod devices;
 mod pingpong;
+mod rdma_cm;
 
 use clap::{Parser, Subcommand};
 use ferroce_verbs::decode::{decode_capture, Format};
@@ -47,6 +48,14 @@ enum Command {
     /// Ping-pong like ibv_rc_pingpong (--uc, --ud for the other transports);
     /// interoperates with the stock tools.
     Pingpong(pingpong::Args),
+    /// librdmacm's rdma_server: waits for an rdma_cm connection (REQ/REP/RTU
+    /// over QP1), receives 16 bytes, answers 16, disconnects.
+    #[command(name = "rdma-server")]
+    RdmaServer(rdma_cm::Args),
+    /// librdmacm's rdma_client: connects with rdma_cm to `-s` (port `-p`,
+    /// 7471), sends 16 bytes, receives 16, disconnects.
+    #[command(name = "rdma-client")]
+    RdmaClient(rdma_cm::Args),
     /// List usable interfaces, their backends, MTU and GID table (like ibv_devinfo).
     Devices {
         /// Also list interfaces that are down or have no usable backend.
@@ -98,6 +107,8 @@ fn main() -> ExitCode {
         },
         Command::Bench(a) => ExitCode::from(bench::run(a) as u8),
         Command::Pingpong(a) => ExitCode::from(pingpong::run(a) as u8),
+        Command::RdmaServer(a) => ExitCode::from(rdma_cm::run(a, true) as u8),
+        Command::RdmaClient(a) => ExitCode::from(rdma_cm::run(a, false) as u8),
         Command::Devices { stats: true, all } => ExitCode::from(devices::stats(all) as u8),
         Command::Devices { all, .. } => ExitCode::from(devices::run(all) as u8),
         Command::Demo { backend } => ExitCode::from(demo::run(backend) as u8),

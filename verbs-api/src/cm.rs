@@ -1,0 +1,950 @@
+//! Connection management over QP1, as librdmacm (rdma_cm) and the kernel's
+//! `ib_cm` speak it on RoCE: a REQ / REP / RTU exchange of CM MADs sets up an
+//! RC connection, DREQ / DREP tears it down (IBTA Vol 1 §12). So ferroce can
+//! connect to `rdma_server`, `rping -s`, `ib_write_bw -R` on rxe or an RNIC,
+//! and accept their clients, without the out-of-band TCP exchange.
+//!
+//! Addressing is rdma_cm's for its TCP port space: the service ID is
+//! `0x0106 << 16 | port` and the REQ's private data starts with rdma_cm's
+//! 36-byte header (version 0, IP version, source port, source and
+//! destination addresses), the application's private data after it.
+//!
+//! One [`CmAgent`] per device owns QP1; calls block the calling thread and
+//! handle, on the way, the messages of its other connections (a duplicate
+//! REQ or REP is answered again, a DREQ gets its DREP).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use ferroce_stack::transport::{
+    AccessFlags, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendOp, SendWr, UdDest,
+    WcOpcode, WcStatus, WorkCompletion,
+};
+use ferroce_stack::wire::mad::{
+    self, answers, CmMessage, Dreq, Ids, Path as CmPath, Rep, Req, GSI_QKEY, GSI_QPN, MAD_LEN,
+};
+
+use crate::context::{gid_of, Context};
+use crate::cq::CompletionQueue;
+use crate::error::{Error, Result};
+use crate::mr::MemoryRegion;
+use crate::pd::ProtectionDomain;
+use crate::qp::{ConnectOptions, QueuePair, RemoteQp};
+
+/// rdma_cm's TCP port space (`RDMA_PS_TCP`): the service ID's bits 16-31.
+pub const PS_TCP: u64 = 0x0106;
+/// rdma_cm's private-data header in a REQ (`struct cma_hdr`).
+pub const CMA_HDR_LEN: usize = 36;
+/// What an application may put in a REQ after rdma_cm's header.
+pub const REQ_USER_PRIVATE_LEN: usize = mad::REQ_PRIVATE_LEN - CMA_HDR_LEN;
+/// A UD receive: the 40-byte GRH area, then the MAD.
+const RECV_LEN: usize = 40 + MAD_LEN;
+/// Receives kept posted on QP1.
+const RECV_SLOTS: usize = 32;
+/// How long one attempt waits for the answer before sending again (the
+/// kernel answers a duplicate REQ with its REP again, and a duplicate REP
+/// with its RTU).
+const RESEND_AFTER: Duration = Duration::from_millis(1000);
+/// Sends of one message before giving up (rdma_cm's CMA_MAX_CM_RETRIES).
+const MAX_CM_RETRIES: u8 = 15;
+/// Response time-outs offered in a REQ: 4.096 µs × 2^20 ≈ 4.3 s
+/// (rdma_cm's CMA_CM_RESPONSE_TIMEOUT).
+const CM_RESPONSE_TIMEOUT: u8 = 20;
+/// REJ reason for a REQ no one listens for (IBTA table 109; the kernel's
+/// IB_CM_REJ_INVALID_SERVICE_ID).
+pub const REJ_INVALID_SERVICE_ID: u16 = 8;
+/// REJ reason an application gives (rdma_reject's).
+pub const REJ_CONSUMER_DEFINED: u16 = 28;
+/// wr_id of a send (receives use their slot number).
+const SEND_WR_ID: u64 = u64::MAX;
+
+/// The kernel's `ib_cm_rej_reason` names for the reasons a peer gives.
+pub fn reject_reason_name(reason: u16) -> &'static str {
+    match reason {
+        1 => "no QP",
+        2 => "no EEC",
+        3 => "no resources",
+        4 => "timeout",
+        5 => "unsupported",
+        6 => "invalid comm ID",
+        7 => "invalid comm instance",
+        8 => "invalid service ID",
+        9 => "invalid transport type",
+        10 => "stale connection",
+        11 => "RDC not supported",
+        12 => "invalid GID",
+        13 => "invalid LID",
+        14 => "invalid SL",
+        15 => "invalid traffic class",
+        16 => "invalid hop limit",
+        17 => "invalid packet rate",
+        18 => "invalid alternate GID",
+        19 => "invalid alternate LID",
+        20 => "invalid alternate SL",
+        21 => "invalid alternate traffic class",
+        22 => "invalid alternate hop limit",
+        23 => "invalid alternate packet rate",
+        24 => "port CM redirect",
+        25 => "port redirect",
+        26 => "invalid MTU",
+        27 => "insufficient responder resources",
+        28 => "consumer defined (the application refused; rdma_cm: nobody listening)",
+        29 => "invalid RNR retry",
+        30 => "duplicate local comm ID",
+        31 => "invalid class version",
+        32 => "invalid flow label",
+        33 => "invalid alternate flow label",
+        _ => "unknown",
+    }
+}
+
+/// What one side offers for a connection (rdma_cm's `rdma_conn_param`).
+#[derive(Debug, Clone)]
+pub struct ConnParam {
+    /// Sent to the peer: at most [`REQ_USER_PRIVATE_LEN`] bytes in a REQ,
+    /// [`mad::REP_PRIVATE_LEN`] in a REP.
+    pub private_data: Vec<u8>,
+    /// RDMA READs / atomics this side answers at once.
+    pub responder_resources: u8,
+    /// RDMA READs / atomics this side keeps out at once.
+    pub initiator_depth: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    /// The QP's local ACK time-out (4.096 µs × 2^n), also offered in a REQ.
+    pub ack_timeout: u8,
+}
+
+impl Default for ConnParam {
+    fn default() -> Self {
+        ConnParam {
+            private_data: Vec::new(),
+            responder_resources: ferroce_stack::transport::qp::MAX_RD_ATOMIC,
+            initiator_depth: ferroce_stack::transport::qp::MAX_RD_ATOMIC,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ack_timeout: 14,
+        }
+    }
+}
+
+/// An established connection.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    pub local_comm_id: u32,
+    pub remote_comm_id: u32,
+    /// The peer's GID and QPN.
+    pub peer_gid: Ipv6Addr,
+    pub remote_qpn: u32,
+    /// What the peer sent in its REQ (after rdma_cm's header) or REP.
+    pub private_data: Vec<u8>,
+}
+
+/// A connection request waiting for [`CmAgent::accept`] or [`CmAgent::reject`].
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The peer's address and port, from rdma_cm's header.
+    pub peer: SocketAddr,
+    /// The port it asked for.
+    pub port: u16,
+    /// The application's private data (after rdma_cm's header).
+    pub private_data: Vec<u8>,
+    req: Req,
+    tid: u64,
+}
+
+/// Where a connection stands, for answering its peer's repeats.
+#[derive(Debug)]
+struct Conn {
+    peer_gid: Ipv6Addr,
+    remote_comm_id: u32,
+    tid: u64,
+    /// What we sent last (resent when the peer repeats itself).
+    last_sent: Option<CmMessage>,
+    /// A DREQ came, or ours was answered.
+    disconnected: bool,
+}
+
+/// QP1 of a device and the connections it manages.
+pub struct CmAgent<'a> {
+    ctx: &'a Context,
+    qp: QueuePair<'a>,
+    cq: CompletionQueue,
+    mr: MemoryRegion<'a>,
+    sgid_index: usize,
+    guid: u64,
+    next_tid: u64,
+    conns: HashMap<u32, Conn>,
+    /// Ports rdma_listen was called for: a REQ for another is rejected.
+    listening: HashSet<u16>,
+    /// Requests taken off QP1 before anyone asked for them.
+    pending: Vec<Request>,
+    /// MADs received and not looked at yet (transaction ID, message).
+    inbox: VecDeque<(u64, CmMessage)>,
+    /// MADs dropped (not CM, malformed, unknown connection).
+    pub dropped: u64,
+}
+
+impl std::fmt::Debug for CmAgent<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmAgent")
+            .field("connections", &self.conns.len())
+            .field("dropped", &self.dropped)
+            .finish()
+    }
+}
+
+/// rdma_cm's private-data header: version 0, the IP version in the high
+/// nibble, the source port, then both addresses (IPv4 in the last 4 bytes).
+fn cma_header(src: SocketAddr, dst: IpAddr) -> [u8; CMA_HDR_LEN] {
+    let mut h = [0u8; CMA_HDR_LEN];
+    let addr = |ip: IpAddr| -> [u8; 16] {
+        match ip {
+            IpAddr::V4(v4) => {
+                let mut a = [0u8; 16];
+                a[12..].copy_from_slice(&v4.octets());
+                a
+            }
+            IpAddr::V6(v6) => v6.octets(),
+        }
+    };
+    h[1] = if src.is_ipv4() { 4 << 4 } else { 6 << 4 };
+    h[2..4].copy_from_slice(&src.port().to_be_bytes());
+    h[4..20].copy_from_slice(&addr(src.ip()));
+    h[20..36].copy_from_slice(&addr(dst));
+    h
+}
+
+/// The peer's address in a REQ's rdma_cm header.
+fn cma_source(p: &[u8; mad::REQ_PRIVATE_LEN]) -> Option<SocketAddr> {
+    if p[0] != 0 {
+        return None;
+    }
+    let port = u16::from_be_bytes([p[2], p[3]]);
+    let ip = match p[1] >> 4 {
+        4 => IpAddr::from([p[16], p[17], p[18], p[19]]),
+        6 => {
+            let mut a = [0u8; 16];
+            a.copy_from_slice(&p[4..20]);
+            IpAddr::from(a)
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+/// IBTA's MTU enumeration (1: 256 ... 5: 4096) and back.
+fn mtu_enum(bytes: u32) -> u8 {
+    match bytes {
+        4096.. => 5,
+        2048.. => 4,
+        1024.. => 3,
+        512.. => 2,
+        _ => 1,
+    }
+}
+fn mtu_bytes(e: u8) -> u32 {
+    256 << (e.clamp(1, 5) - 1)
+}
+
+fn private_of<const N: usize>(data: &[u8], room: usize) -> Result<[u8; N]> {
+    if data.len() > room {
+        return Err(Error::Cm(format!(
+            "{} bytes of private data, at most {room} fit",
+            data.len()
+        )));
+    }
+    let mut p = [0u8; N];
+    p[N - room..N - room + data.len()].copy_from_slice(data);
+    Ok(p)
+}
+
+impl<'a> CmAgent<'a> {
+    /// Takes QP1 of `ctx` (one agent per device) in `pd`, using the GID at
+    /// `sgid_index` (as `-x` / `-g` pick one for the other tools).
+    pub fn new(ctx: &'a Context, pd: &'a ProtectionDomain, sgid_index: usize) -> Result<Self> {
+        ctx.query_gid(sgid_index)?;
+        let cq = ctx.create_cq((2 * RECV_SLOTS) as u32)?;
+        let qp = pd
+            .create_qp()
+            .qp_type(QpType::Ud)
+            .cap(QpCap {
+                max_send_wr: 16,
+                max_recv_wr: RECV_SLOTS as u32,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            })
+            .build_gsi(&cq, &cq)?;
+        let mr = pd.reg_mr((RECV_SLOTS + 1) * RECV_LEN, AccessFlags::LOCAL_WRITE)?;
+        let opts = ConnectOptions {
+            qkey: GSI_QKEY,
+            sgid_index,
+            ..ConnectOptions::default()
+        };
+        qp.to_init(&opts)?;
+        let me = RemoteQp {
+            qpn: GSI_QPN,
+            psn: 0,
+            gid: ctx.query_gid(sgid_index)?,
+        };
+        qp.connect(ctx, &me, &opts)?;
+        let mac = ctx.mac();
+        // EUI-64 from the MAC, as RNICs derive their node GUID.
+        let guid = u64::from_be_bytes([
+            mac[0] ^ 0x02,
+            mac[1],
+            mac[2],
+            0xff,
+            0xfe,
+            mac[3],
+            mac[4],
+            mac[5],
+        ]);
+        let agent = CmAgent {
+            ctx,
+            qp,
+            cq,
+            mr,
+            sgid_index,
+            guid,
+            next_tid: u64::from(crate::device::seed_from_os() as u32) << 32,
+            conns: HashMap::new(),
+            listening: HashSet::new(),
+            pending: Vec::new(),
+            inbox: VecDeque::new(),
+            dropped: 0,
+        };
+        for slot in 0..RECV_SLOTS {
+            agent.post_recv(slot)?;
+        }
+        Ok(agent)
+    }
+
+    fn post_recv(&self, slot: usize) -> Result<()> {
+        let sge = [self.mr.sge((slot * RECV_LEN) as u64, RECV_LEN as u32)];
+        self.qp.post_recv(&[RecvWr {
+            wr_id: slot as u64,
+            sg_list: &sge,
+        }])
+    }
+
+    fn new_comm_id(&self) -> u32 {
+        loop {
+            let id = crate::device::seed_from_os() as u32;
+            if id != 0 && !self.conns.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    fn send(&mut self, to: Ipv6Addr, tid: u64, msg: &CmMessage) -> Result<()> {
+        let bytes = mad::emit(tid, msg);
+        let at = (RECV_SLOTS * RECV_LEN) as u64;
+        self.mr.write(at, &bytes)?;
+        let path = ConnectOptions {
+            sgid_index: self.sgid_index,
+            ..ConnectOptions::default()
+        }
+        .path_to(self.ctx, to)?;
+        let sge = [self.mr.sge(at, MAD_LEN as u32)];
+        let mut wr = SendWr::new(SEND_WR_ID, SendOp::Send, &sge);
+        wr.flags.signaled = true;
+        wr.ud = Some(UdDest {
+            path,
+            remote_qpn: GSI_QPN,
+            remote_qkey: GSI_QKEY,
+        });
+        self.qp.post_send(&[wr])?;
+        // The send buffer is reused by the next send: wait for this one.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let mut wcs = Vec::new();
+            self.cq.poll(16, &mut wcs)?;
+            let mut sent = false;
+            for wc in wcs {
+                if wc.wr_id == SEND_WR_ID {
+                    if wc.status != WcStatus::Success {
+                        return Err(Error::Cm(format!("MAD send failed: {:?}", wc.status)));
+                    }
+                    sent = true;
+                } else {
+                    self.take_recv(&wc)?;
+                }
+            }
+            if sent {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout(Duration::from_secs(5), "a MAD send"));
+            }
+            self.cq.wait(Duration::from_millis(10)).ok();
+        }
+    }
+
+    /// A receive completion: the MAD parsed and queued for [`CmAgent::next`].
+    fn take_recv(&mut self, wc: &WorkCompletion) -> Result<()> {
+        let slot = wc.wr_id as usize;
+        if wc.opcode != WcOpcode::Recv || slot >= RECV_SLOTS {
+            return Ok(());
+        }
+        let mut buf = vec![0u8; RECV_LEN];
+        let got = (wc.byte_len as usize).min(RECV_LEN);
+        if wc.status == WcStatus::Success {
+            self.mr.read((slot * RECV_LEN) as u64, &mut buf[..got])?;
+        }
+        self.post_recv(slot)?;
+        let parsed = (wc.status == WcStatus::Success && got == RECV_LEN)
+            .then(|| mad::parse(&buf[40..]).ok())
+            .flatten();
+        match parsed {
+            Some((h, msg)) => self.inbox.push_back((h.transaction_id, msg)),
+            None => self.dropped += 1,
+        }
+        Ok(())
+    }
+
+    fn next_tid(&mut self) -> u64 {
+        self.next_tid = self.next_tid.wrapping_add(1);
+        self.next_tid
+    }
+
+    /// The next CM message, waiting up to `timeout` (None: none came).
+    fn recv(&mut self, timeout: Duration) -> Result<Option<(u64, CmMessage)>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(m) = self.inbox.pop_front() {
+                return Ok(Some(m));
+            }
+            let mut wcs = Vec::new();
+            self.cq.poll(16, &mut wcs)?;
+            for wc in &wcs {
+                if wc.wr_id != SEND_WR_ID {
+                    self.take_recv(wc)?;
+                }
+            }
+            if !self.inbox.is_empty() {
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let _ = self
+                .cq
+                .wait((deadline - now).min(Duration::from_millis(20)));
+        }
+    }
+
+    /// Answers what needs no caller: a DREQ of a known connection gets its
+    /// DREP, a repeated REQ or REP our last answer again. Returns the
+    /// message when a caller may want it.
+    fn background(&mut self, tid: u64, msg: CmMessage) -> Result<Option<(u64, CmMessage)>> {
+        match &msg {
+            CmMessage::Dreq(d) => {
+                let Some(c) = self.conns.get_mut(&d.remote_comm_id) else {
+                    self.dropped += 1;
+                    return Ok(None);
+                };
+                c.disconnected = true;
+                let peer = c.peer_gid;
+                let drep = CmMessage::Drep(Ids {
+                    local_comm_id: d.remote_comm_id,
+                    remote_comm_id: d.local_comm_id,
+                });
+                self.send(peer, tid, &drep)?;
+            }
+            CmMessage::Req(r) => {
+                let repeat = self
+                    .conns
+                    .values()
+                    .find(|c| c.remote_comm_id == r.local_comm_id)
+                    .map(|c| (c.peer_gid, c.tid, c.last_sent.clone()));
+                if let Some((peer, tid, last)) = repeat {
+                    if let Some(last) = last {
+                        self.send(peer, tid, &last)?;
+                    }
+                    return Ok(None);
+                }
+            }
+            CmMessage::Rep(r) => {
+                let repeat = self
+                    .conns
+                    .get(&r.remote_comm_id)
+                    .filter(|c| c.remote_comm_id == r.local_comm_id)
+                    .map(|c| (c.peer_gid, c.tid, c.last_sent.clone()));
+                if let Some((peer, tid, Some(last))) = repeat {
+                    self.send(peer, tid, &last)?;
+                    return Ok(None);
+                }
+            }
+            _ => {}
+        }
+        Ok(Some((tid, msg)))
+    }
+
+    /// A REQ for rdma_cm's TCP port space as a [`Request`].
+    fn request_of(tid: u64, r: Req) -> Option<Request> {
+        if r.service_id >> 16 != PS_TCP || r.transport_service_type != 0 {
+            return None;
+        }
+        let peer = cma_source(&r.private_data)?;
+        Some(Request {
+            peer,
+            port: (r.service_id & 0xffff) as u16,
+            private_data: r.private_data[CMA_HDR_LEN..].to_vec(),
+            req: r,
+            tid,
+        })
+    }
+
+    /// Keeps a message no one is waiting for: a REQ for a port listened on
+    /// waits for [`CmAgent::get_request`]; one for another port is rejected
+    /// as the kernel's CM does (invalid service ID); anything else is dropped.
+    fn stash(&mut self, tid: u64, msg: CmMessage) -> Result<()> {
+        match msg {
+            CmMessage::Req(r) => match Self::request_of(tid, *r) {
+                Some(req) if self.listening.contains(&req.port) => self.pending.push(req),
+                Some(req) => self.reject(&req, REJ_INVALID_SERVICE_ID)?,
+                None => self.dropped += 1,
+            },
+            _ => self.dropped += 1,
+        }
+        Ok(())
+    }
+
+    /// rdma_listen: connection requests for `port` are kept for
+    /// [`CmAgent::get_request`] (others are rejected).
+    pub fn listen(&mut self, port: u16) {
+        self.listening.insert(port);
+    }
+
+    fn options(&self, path_mtu: u32) -> ConnectOptions {
+        ConnectOptions {
+            path_mtu,
+            sgid_index: self.sgid_index,
+            ..ConnectOptions::default()
+        }
+    }
+
+    /// rdma_connect: asks the connection manager at `dst` (its port in
+    /// rdma_cm's TCP port space) for a connection to `qp` (an RC QP in
+    /// RESET or INIT; receives may be posted in INIT before), and on its
+    /// REP moves `qp` to RTS and confirms with an RTU.
+    pub fn connect(
+        &mut self,
+        qp: &QueuePair<'_>,
+        dst: SocketAddr,
+        param: &ConnParam,
+    ) -> Result<Connection> {
+        if qp.qp_type() != QpType::Rc {
+            return Err(Error::Cm("rdma_cm connects RC QPs here".into()));
+        }
+        let peer_gid = gid_of(dst.ip());
+        let my_gid = self.ctx.query_gid(self.sgid_index)?;
+        let my_ip = my_gid
+            .to_ipv4_mapped()
+            .map_or(IpAddr::V6(my_gid), IpAddr::V4);
+        if qp.state()? == QpState::Reset {
+            qp.to_init(&self.options(1024))?;
+        }
+        let local_comm_id = self.new_comm_id();
+        // rdma_cm binds the active side to an ephemeral port; it only
+        // travels in the header.
+        let src = SocketAddr::new(my_ip, 0x8000 | (local_comm_id as u16 & 0x7fff));
+        let mut private: [u8; mad::REQ_PRIVATE_LEN] =
+            private_of(&param.private_data, REQ_USER_PRIVATE_LEN)?;
+        private[..CMA_HDR_LEN].copy_from_slice(&cma_header(src, dst.ip()));
+        let mtu = self.ctx.query_port().active_mtu;
+        let psn = crate::device::seed_from_os() as u32 & 0x00ff_ffff;
+        let req = CmMessage::Req(Box::new(Req {
+            local_comm_id,
+            service_id: PS_TCP << 16 | u64::from(dst.port()),
+            local_ca_guid: self.guid,
+            local_qkey: 0,
+            local_qpn: qp.qpn(),
+            responder_resources: param.responder_resources,
+            initiator_depth: param.initiator_depth,
+            remote_cm_response_timeout: CM_RESPONSE_TIMEOUT,
+            transport_service_type: 0,
+            end_to_end_flow_control: true,
+            starting_psn: psn,
+            local_cm_response_timeout: CM_RESPONSE_TIMEOUT,
+            retry_count: param.retry_count,
+            partition_key: 0xffff,
+            path_mtu: mtu_enum(mtu),
+            rdc_exists: false,
+            rnr_retry_count: param.rnr_retry_count,
+            max_cm_retries: MAX_CM_RETRIES,
+            srq: false,
+            // Routed (hop limit above 1): permissive LIDs, not subnet-local,
+            // as the kernel's CM fills a RoCE path.
+            primary: CmPath {
+                local_lid: 0xffff,
+                remote_lid: 0xffff,
+                local_gid: my_gid.octets(),
+                remote_gid: peer_gid.octets(),
+                flow_label: 0,
+                packet_rate: 3,
+                traffic_class: 0,
+                hop_limit: ferroce_stack::wire::packet::DEFAULT_TTL,
+                sl: 0,
+                subnet_local: false,
+                local_ack_timeout: param.ack_timeout,
+            },
+            private_data: private,
+        }));
+        let tid = self.next_tid();
+        self.conns.insert(
+            local_comm_id,
+            Conn {
+                peer_gid,
+                remote_comm_id: 0,
+                tid,
+                last_sent: None,
+                disconnected: false,
+            },
+        );
+        let rep = match self.await_answer(peer_gid, tid, &req, local_comm_id, |m| {
+            matches!(m, CmMessage::Rep(_))
+        }) {
+            Ok(CmMessage::Rep(rep)) => rep,
+            Ok(other) => {
+                self.conns.remove(&local_comm_id);
+                return Err(Error::Cm(format!("a REP expected, got {other:?}")));
+            }
+            Err(e) => {
+                self.conns.remove(&local_comm_id);
+                return Err(e);
+            }
+        };
+        // A REQ's starting PSN is what its sender expects to receive, a
+        // REP's what its sender expects (the kernel's cm.c: rq_psn from the
+        // REQ we sent, sq_psn from the REP).
+        let opts = ConnectOptions {
+            local_psn: rep.starting_psn,
+            timeout: param.ack_timeout,
+            retry_cnt: param.retry_count,
+            rnr_retry: rep.rnr_retry_count,
+            max_rd_atomic: param.initiator_depth.min(rep.responder_resources).max(1),
+            max_dest_rd_atomic: param.responder_resources.max(1),
+            ..self.options(mtu)
+        };
+        let remote = RemoteQp {
+            qpn: rep.local_qpn,
+            psn,
+            gid: peer_gid,
+        };
+        let rtu = CmMessage::Rtu(Ids {
+            local_comm_id,
+            remote_comm_id: rep.local_comm_id,
+        });
+        if let Err(e) = qp.connect(self.ctx, &remote, &opts) {
+            self.reject_rep(peer_gid, tid, local_comm_id, rep.local_comm_id)?;
+            self.conns.remove(&local_comm_id);
+            return Err(e);
+        }
+        if let Some(c) = self.conns.get_mut(&local_comm_id) {
+            c.remote_comm_id = rep.local_comm_id;
+            c.last_sent = Some(rtu.clone());
+        }
+        self.send(peer_gid, tid, &rtu)?;
+        Ok(Connection {
+            local_comm_id,
+            remote_comm_id: rep.local_comm_id,
+            peer_gid,
+            remote_qpn: rep.local_qpn,
+            private_data: rep.private_data.to_vec(),
+        })
+    }
+
+    /// Sends `msg` (again every [`RESEND_AFTER`], up to [`MAX_CM_RETRIES`]
+    /// times; an MRA buys the time it asks for) until the answer `wanted`
+    /// picks arrives for connection `local_comm_id`; a REJ ends it.
+    fn await_answer(
+        &mut self,
+        peer: Ipv6Addr,
+        tid: u64,
+        msg: &CmMessage,
+        local_comm_id: u32,
+        wanted: impl Fn(&CmMessage) -> bool,
+    ) -> Result<CmMessage> {
+        for _ in 0..MAX_CM_RETRIES {
+            self.send(peer, tid, msg)?;
+            let mut deadline = Instant::now() + RESEND_AFTER;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let Some((t, m)) = self.recv(left)? else {
+                    break;
+                };
+                let Some((t, m)) = self.background(t, m)? else {
+                    continue;
+                };
+                if m.remote_comm_id() != local_comm_id {
+                    self.stash(t, m)?;
+                    continue;
+                }
+                match m {
+                    m if wanted(&m) => return Ok(m),
+                    CmMessage::Rej(r) => return Err(Error::Rejected { reason: r.reason }),
+                    CmMessage::Mra(m) => {
+                        let wait = Duration::from_nanos(4096u64 << m.service_timeout.min(31));
+                        deadline = Instant::now() + wait.max(RESEND_AFTER);
+                    }
+                    CmMessage::Dreq(_) => {
+                        return Err(Error::Cm("the peer disconnected while connecting".into()))
+                    }
+                    other => self.stash(t, other)?,
+                }
+            }
+        }
+        Err(Error::Timeout(
+            RESEND_AFTER * u32::from(MAX_CM_RETRIES),
+            "the peer's connection manager",
+        ))
+    }
+
+    fn reject_rep(&mut self, peer: Ipv6Addr, tid: u64, local: u32, remote: u32) -> Result<()> {
+        let rej = CmMessage::Rej(Box::new(mad::Rej {
+            local_comm_id: local,
+            remote_comm_id: remote,
+            message_rejected: answers::REP,
+            reject_info_len: 0,
+            reason: 3,
+            ari: [0; mad::REJ_ARI_LEN],
+            private_data: [0; mad::REJ_PRIVATE_LEN],
+        }));
+        self.send(peer, tid, &rej)
+    }
+
+    /// rdma_get_request: the next connection request for `port` (rdma_cm's
+    /// TCP port space), waiting up to `timeout`.
+    pub fn get_request(&mut self, port: u16, timeout: Duration) -> Result<Request> {
+        self.listen(port);
+        if let Some(i) = self.pending.iter().position(|r| r.port == port) {
+            return Ok(self.pending.remove(i));
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some((t, m)) = self.recv(left)? else {
+                return Err(Error::Timeout(timeout, "a connection request"));
+            };
+            let Some((t, m)) = self.background(t, m)? else {
+                continue;
+            };
+            match m {
+                CmMessage::Req(r) => match Self::request_of(t, *r) {
+                    Some(req) if req.port == port => return Ok(req),
+                    Some(req) => self.stash(req.tid, CmMessage::Req(Box::new(req.req)))?,
+                    None => self.dropped += 1,
+                },
+                _ => self.dropped += 1,
+            }
+        }
+    }
+
+    /// rdma_accept: moves `qp` (RC, RESET or INIT) to RTS towards the
+    /// requester, sends the REP and waits for the RTU.
+    pub fn accept(
+        &mut self,
+        request: &Request,
+        qp: &QueuePair<'_>,
+        param: &ConnParam,
+    ) -> Result<Connection> {
+        let r = &request.req;
+        let peer_gid = Ipv6Addr::from(r.primary.local_gid);
+        if qp.state()? == QpState::Reset {
+            qp.to_init(&self.options(1024))?;
+        }
+        let mtu = mtu_bytes(r.path_mtu).min(self.ctx.query_port().active_mtu);
+        let psn = crate::device::seed_from_os() as u32 & 0x00ff_ffff;
+        // Each side keeps out no more READs than the other answers.
+        let responder = param.responder_resources.min(r.initiator_depth);
+        let initiator = param.initiator_depth.min(r.responder_resources);
+        // We send from the REQ's starting PSN and expect ours (see connect).
+        let opts = ConnectOptions {
+            local_psn: r.starting_psn,
+            timeout: if r.primary.local_ack_timeout == 0 {
+                param.ack_timeout
+            } else {
+                r.primary.local_ack_timeout
+            },
+            retry_cnt: r.retry_count,
+            rnr_retry: r.rnr_retry_count,
+            max_rd_atomic: initiator.max(1),
+            max_dest_rd_atomic: responder.max(1),
+            ..self.options(mtu)
+        };
+        let remote = RemoteQp {
+            qpn: r.local_qpn,
+            psn,
+            gid: peer_gid,
+        };
+        qp.connect(self.ctx, &remote, &opts)?;
+        let local_comm_id = self.new_comm_id();
+        let rep = CmMessage::Rep(Box::new(Rep {
+            local_comm_id,
+            remote_comm_id: r.local_comm_id,
+            local_qkey: 0,
+            local_qpn: qp.qpn(),
+            starting_psn: psn,
+            responder_resources: responder,
+            initiator_depth: initiator,
+            // rxe's local_ca_ack_delay.
+            target_ack_delay: 15,
+            failover_accepted: 0,
+            end_to_end_flow_control: true,
+            rnr_retry_count: param.rnr_retry_count,
+            srq: false,
+            local_ca_guid: self.guid,
+            private_data: private_of(&param.private_data, mad::REP_PRIVATE_LEN)?,
+        }));
+        self.conns.insert(
+            local_comm_id,
+            Conn {
+                peer_gid,
+                remote_comm_id: r.local_comm_id,
+                tid: request.tid,
+                last_sent: Some(rep.clone()),
+                disconnected: false,
+            },
+        );
+        match self.await_answer(peer_gid, request.tid, &rep, local_comm_id, |m| {
+            matches!(m, CmMessage::Rtu(_))
+        }) {
+            Ok(_) => Ok(Connection {
+                local_comm_id,
+                remote_comm_id: r.local_comm_id,
+                peer_gid,
+                remote_qpn: r.local_qpn,
+                private_data: request.private_data.clone(),
+            }),
+            Err(e) => {
+                self.conns.remove(&local_comm_id);
+                Err(e)
+            }
+        }
+    }
+
+    /// rdma_reject: refuses `request` with `reason` (28, consumer defined, as rdma_reject).
+    pub fn reject(&mut self, request: &Request, reason: u16) -> Result<()> {
+        let peer = Ipv6Addr::from(request.req.primary.local_gid);
+        let rej = CmMessage::Rej(Box::new(mad::Rej {
+            local_comm_id: self.new_comm_id(),
+            remote_comm_id: request.req.local_comm_id,
+            message_rejected: answers::REQ,
+            reject_info_len: 0,
+            reason,
+            ari: [0; mad::REJ_ARI_LEN],
+            private_data: [0; mad::REJ_PRIVATE_LEN],
+        }));
+        self.send(peer, request.tid, &rej)
+    }
+
+    /// rdma_disconnect: `qp` goes to ERR (what it still holds completes
+    /// flushed) and the peer gets a DREQ; its DREP, or its own DREQ, ends it.
+    /// Without an answer after a few sends the connection is dropped all the
+    /// same (the peer's time-wait covers it).
+    pub fn disconnect(&mut self, conn: &Connection, qp: &QueuePair<'_>) -> Result<()> {
+        let to_err = QpAttr {
+            qp_state: QpState::Err,
+            ..QpAttr::default()
+        };
+        qp.modify(&to_err, QpAttrMask::STATE)?;
+        let already = self
+            .conns
+            .get(&conn.local_comm_id)
+            .is_none_or(|c| c.disconnected);
+        if !already {
+            let tid = self.next_tid();
+            let dreq = CmMessage::Dreq(Dreq {
+                local_comm_id: conn.local_comm_id,
+                remote_comm_id: conn.remote_comm_id,
+                remote_qpn: conn.remote_qpn,
+            });
+            'sends: for _ in 0..3 {
+                self.send(conn.peer_gid, tid, &dreq)?;
+                let deadline = Instant::now() + RESEND_AFTER;
+                loop {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let Some((t, m)) = self.recv(left)? else {
+                        break;
+                    };
+                    let Some((t, m)) = self.background(t, m)? else {
+                        continue;
+                    };
+                    match m {
+                        CmMessage::Drep(d) if d.remote_comm_id == conn.local_comm_id => {
+                            break 'sends
+                        }
+                        CmMessage::Dreq(d) if d.remote_comm_id == conn.local_comm_id => {
+                            break 'sends
+                        }
+                        other => self.stash(t, other)?,
+                    }
+                }
+            }
+        }
+        self.conns.remove(&conn.local_comm_id);
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the peer to disconnect (its DREQ, answered
+    /// with a DREP); then `qp` goes to ERR. Returns whether it did.
+    pub fn wait_disconnect(
+        &mut self,
+        conn: &Connection,
+        qp: &QueuePair<'_>,
+        timeout: Duration,
+    ) -> Result<bool> {
+        let deadline = Instant::now() + timeout;
+        let gone = loop {
+            if self
+                .conns
+                .get(&conn.local_comm_id)
+                .is_none_or(|c| c.disconnected)
+            {
+                break true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some((t, m)) = self.recv(left)? else {
+                break false;
+            };
+            if let Some((t, m)) = self.background(t, m)? {
+                if !matches!(m, CmMessage::Dreq(_)) {
+                    self.stash(t, m)?;
+                }
+            }
+        };
+        if gone {
+            let to_err = QpAttr {
+                qp_state: QpState::Err,
+                ..QpAttr::default()
+            };
+            qp.modify(&to_err, QpAttrMask::STATE)?;
+            self.conns.remove(&conn.local_comm_id);
+        }
+        Ok(gone)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rdma_cm_header_and_service_id() {
+        let src: SocketAddr = "198.18.0.2:40000".parse().unwrap();
+        let h = cma_header(src, "198.18.0.1".parse().unwrap());
+        assert_eq!(&h[..4], &[0x00, 0x40, 0x9c, 0x40]);
+        assert_eq!(&h[16..20], &[198, 18, 0, 2]);
+        assert_eq!(&h[32..36], &[198, 18, 0, 1]);
+        let mut p = [0u8; mad::REQ_PRIVATE_LEN];
+        p[..CMA_HDR_LEN].copy_from_slice(&h);
+        assert_eq!(cma_source(&p), Some(src));
+        // rdma_server's default port 7471 in rdma_cm's TCP space.
+        assert_eq!(PS_TCP << 16 | 7471, 0x0000_0000_0106_1d2f);
+        assert_eq!((mtu_enum(4096), mtu_enum(1024), mtu_bytes(3)), (5, 3, 1024));
+    }
+}
