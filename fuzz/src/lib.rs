@@ -70,6 +70,28 @@ pub fn header_parsers(data: &[u8]) {
     header_round_trip!(data, ieth);
     header_round_trip!(data, deth);
     header_round_trip!(data, cnp);
+    cm_mad(data);
+}
+
+/// A CM MAD (the payload of a UD SEND to QP1): parsed from any bytes without
+/// panicking; what parses emits again to the same message.
+fn cm_mad(data: &[u8]) {
+    use ferroce_stack::wire::mad;
+    let _ = mad::parse(data);
+    let mut m = [0u8; mad::MAD_LEN];
+    let n = data.len().min(mad::MAD_LEN);
+    m[..n].copy_from_slice(&data[..n]);
+    // Make the header a CM one often enough for the fuzzer to reach the bodies.
+    m[..4].copy_from_slice(&[
+        mad::BASE_VERSION,
+        mad::CLASS_CM,
+        mad::CM_CLASS_VERSION,
+        mad::METHOD_SEND,
+    ]);
+    if let Ok((h, msg)) = mad::parse(&m) {
+        let again = mad::emit(h.transaction_id, &msg);
+        assert_eq!(mad::parse(&again).map(|(_, m)| m), Ok(msg));
+    }
 }
 
 /// `ferroce decode` on arbitrary capture bytes: an error or a summary, never a panic.
