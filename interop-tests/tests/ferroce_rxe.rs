@@ -1681,6 +1681,153 @@ fn bad_rkey_interop() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 4b. rdma_cm: connections set up by the connection manager over QP1
+
+/// librdmacm's `rdma_server` / `rdma_client` examples in the VM against `ferroce rdma-client` /
+/// `ferroce rdma-server` on the host: the kernel's CM and ferroce's exchange REQ, REP and RTU
+/// over QP1, then 16 bytes go each way over the RC connection, then DREQ / DREP; both tools
+/// must print `end 0`, and the capture must hold the whole exchange with good ICRCs.
+#[test]
+fn rdma_cm_interop() {
+    let Some(env) = env_or_skip("rdma_cm_interop") else {
+        return;
+    };
+    let rows: Vec<Row> = [false, true]
+        .into_iter()
+        .map(|ferroce_serves| rdma_cm_case(&env, ferroce_serves))
+        .collect();
+    finish(
+        env,
+        "rdma-cm",
+        "## rdma_cm: connection manager interop\n\nNo TCP exchange: librdmacm's `rdma_server` \
+         and `rdma_client` (rdmacm-utils) in the VM, `ferroce rdma-server` / `rdma-client` on \
+         the host. The CMs trade REQ (rdma_cm's TCP port space, service ID 0x01061d2f for port \
+         7471, rdma_cm's private-data header with both addresses), REP and RTU as CM MADs on \
+         QP1 (UD, Q_Key 0x80010000); the client SENDs 16 bytes, the server answers with 16, \
+         both disconnect (DREQ / DREP). Pass: both print `end 0`, the capture holds every \
+         message (UD SEND 0x64 to QP1, RC SEND 0x04, ACK 0x11) and decodes with good ICRCs.",
+        &rows,
+    );
+}
+
+fn rdma_cm_case(env: &Env, ferroce_serves: bool) -> Row {
+    let started = Instant::now();
+    let tag = if ferroce_serves {
+        "cm-server"
+    } else {
+        "cm-client"
+    };
+    let pcap = env.dir.join(format!("{tag}.pcap"));
+    let vm = env.vm();
+    let base = [
+        "-d".to_string(),
+        env.lab.host_iface().to_string(),
+        "--backend".into(),
+        env.backend.clone(),
+        "--timeout".into(),
+        "30".into(),
+    ];
+    let mut problems = Vec::new();
+    let cap = env.lab.capture(CAPTURE_IFACE, &pcap, "udp port 4791");
+    // rdma_cm listens on no TCP port to wait for: each server is up (QP1 ready) well within
+    // the two seconds its client is started after.
+    let (host, stock) = if ferroce_serves {
+        let mut args = vec!["rdma-server".to_string()];
+        args.extend(base.iter().cloned());
+        match HostJob::spawn(env.ferroce_cmd(&args), &env.dir, tag) {
+            Ok(job) => {
+                std::thread::sleep(Duration::from_secs(2));
+                let stock = vm.run_timeout(
+                    &format!("rdma_client -s {}", env.lab.host_ipv4()),
+                    Duration::from_secs(60),
+                );
+                (Some(job.wait_timeout(Duration::from_secs(40))), stock.ok())
+            }
+            Err(e) => {
+                problems.push(format!("spawn ferroce: {e}"));
+                (None, None)
+            }
+        }
+    } else {
+        match vm.spawn("rdma_server") {
+            Ok(server) => {
+                std::thread::sleep(Duration::from_secs(2));
+                let mut args = vec!["rdma-client".to_string(), "-s".into(), vm.ip().to_string()];
+                args.extend(base.iter().cloned());
+                let host = HostJob::spawn(env.ferroce_cmd(&args), &env.dir, tag)
+                    .map(|j| j.wait_timeout(Duration::from_secs(60)));
+                if let Err(e) = &host {
+                    problems.push(format!("spawn ferroce: {e}"));
+                }
+                (host.ok(), server.wait_timeout(Duration::from_secs(40)).ok())
+            }
+            Err(e) => {
+                problems.push(format!("rdma_server: {e}"));
+                (None, None)
+            }
+        }
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    if let Ok(cap) = cap {
+        if let Err(e) = cap.stop() {
+            problems.push(format!("capture: {e}"));
+        }
+    }
+    let ended = |o: &Option<Output>, name: &str| {
+        o.as_ref()
+            .is_some_and(|o| o.success() && o.stdout_str().contains(&format!("{name}: end 0")))
+    };
+    let (fname, sname) = if ferroce_serves {
+        ("rdma_server", "rdma_client")
+    } else {
+        ("rdma_client", "rdma_server")
+    };
+    for (o, name, who) in [(&host, fname, "ferroce"), (&stock, sname, "stock")] {
+        if !ended(o, name) {
+            let said = o
+                .as_ref()
+                .map(|o| format!("{}{}", o.stdout_str(), o.stderr_str()))
+                .unwrap_or_default();
+            let last: Vec<&str> = said.lines().rev().take(3).collect();
+            problems.push(format!("{who} {name}: {}", last.join(" / ")));
+        }
+    }
+    let mut note = String::new();
+    match check_capture(&env.ferroce, &pcap) {
+        Ok(c) => {
+            problems.extend(c.decode_problems.iter().take(2).cloned());
+            let has = |op: u8| c.tshark_opcodes.get(&op).is_some_and(|n| *n > 0);
+            // CM MADs (UD SEND only), the two RC SENDs and their ACKs.
+            for (op, what) in [(0x64u8, "CM MADs"), (0x04, "RC SEND"), (0x11, "ACK")] {
+                if !has(op) {
+                    problems.push(format!("no {what} (opcode {op:#04x}) in the capture"));
+                }
+            }
+            note = c.summary();
+        }
+        Err(e) => problems.push(format!("capture check: {e}")),
+    }
+    let pass = problems.is_empty();
+    Row {
+        peer: format!("{sname} (librdmacm)"),
+        operation: "rdma_cm connect, SEND 16 B each way, disconnect".into(),
+        direction: if ferroce_serves {
+            "rxe → ferroce".into()
+        } else {
+            "ferroce → rxe".into()
+        },
+        params: format!("backend {}, IPv4, port 7471", env.backend),
+        verdict: if pass { Verdict::Pass } else { Verdict::Fail },
+        seconds: started.elapsed().as_secs_f64(),
+        note: if pass {
+            format!("both end 0; {note}")
+        } else {
+            format!("{}; {note}", problems.join("; "))
+        },
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // 5. Every ferroce backend against rxe
 
 #[test]
