@@ -246,6 +246,9 @@ pub fn describe_text(n: u64, p: &ParsedPacket<'_>, icrc_ok: bool) -> String {
     if let Some(d) = e.deth {
         let _ = write!(s, " deth(qkey={:#x} srcqp={:#x})", d.qkey, d.src_qp);
     }
+    if let Some(cm) = cm_text(p) {
+        let _ = write!(s, " cm({cm})");
+    }
     if let Some(h) = e.reth {
         let _ = write!(
             s,
@@ -281,6 +284,39 @@ pub fn describe_text(n: u64, p: &ParsedPacket<'_>, icrc_ok: bool) -> String {
     s
 }
 
+/// A connection-manager MAD (a UD SEND to QP1) in a few words, as
+/// Wireshark names the messages; `None` for any other packet.
+pub fn cm_text(p: &ParsedPacket<'_>) -> Option<String> {
+    use ferroce_stack::wire::mad::{self, CmMessage};
+    if p.repr.bth.dest_qp != mad::GSI_QPN {
+        return None;
+    }
+    let Ok((h, msg)) = mad::parse(p.payload) else {
+        return Some("not a CM MAD".into());
+    };
+    let ids = format!(
+        "comm={:#x} remote={:#x} tid={:#x}",
+        msg.local_comm_id(),
+        msg.remote_comm_id(),
+        h.transaction_id
+    );
+    Some(match msg {
+        CmMessage::Req(r) => format!(
+            "ConnectRequest {ids} service={:#x} qpn={:#x} psn={:#x} mtu={}",
+            r.service_id, r.local_qpn, r.starting_psn, r.path_mtu
+        ),
+        CmMessage::Rep(r) => format!(
+            "ConnectReply {ids} qpn={:#x} psn={:#x}",
+            r.local_qpn, r.starting_psn
+        ),
+        CmMessage::Rtu(_) => format!("ReadyToUse {ids}"),
+        CmMessage::Rej(r) => format!("ConnectReject {ids} reason={}", r.reason),
+        CmMessage::Mra(m) => format!("MsgRcptAck {ids} timeout={}", m.service_timeout),
+        CmMessage::Dreq(d) => format!("DisconnectRequest {ids} qpn={:#x}", d.remote_qpn),
+        CmMessage::Drep(_) => format!("DisconnectReply {ids}"),
+    })
+}
+
 /// The same as [`describe_text`], as one JSON object.
 pub fn describe_json(n: u64, p: &ParsedPacket<'_>, icrc_ok: bool) -> Value {
     let r = &p.repr;
@@ -308,6 +344,9 @@ pub fn describe_json(n: u64, p: &ParsedPacket<'_>, icrc_ok: bool) -> Value {
     });
     let obj = v.as_object_mut();
     if let Some(o) = obj {
+        if let Some(cm) = cm_text(p) {
+            o.insert("cm".into(), json!(cm));
+        }
         if let Some(h) = e.reth {
             o.insert(
                 "reth".into(),
