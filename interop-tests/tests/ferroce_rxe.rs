@@ -1683,44 +1683,90 @@ fn bad_rkey_interop() {
 // ---------------------------------------------------------------------------------------------
 // 4b. rdma_cm: connections set up by the connection manager over QP1
 
-/// librdmacm's `rdma_server` / `rdma_client` examples in the VM against `ferroce rdma-client` /
-/// `ferroce rdma-server` on the host: the kernel's CM and ferroce's exchange REQ, REP and RTU
-/// over QP1, then 16 bytes go each way over the RC connection, then DREQ / DREP; both tools
-/// must print `end 0`, and the capture must hold the whole exchange with good ICRCs.
+/// librdmacm's `rdma_server` / `rdma_client` examples and `rping` in the VM against `ferroce
+/// rdma-client` / `rdma-server` / `rping` on the host: the kernel's CM and ferroce's exchange
+/// REQ, REP and RTU over QP1, data moves over the RC connection, then DREQ / DREP; both tools
+/// must succeed, and the capture must hold the whole exchange with good ICRCs.
 #[test]
 fn rdma_cm_interop() {
     let Some(env) = env_or_skip("rdma_cm_interop") else {
         return;
     };
-    let rows: Vec<Row> = [false, true]
-        .into_iter()
-        .map(|ferroce_serves| rdma_cm_case(&env, ferroce_serves))
-        .collect();
+    let mut rows = Vec::new();
+    for tool in [CmTool::Examples, CmTool::Rping] {
+        for ferroce_serves in [false, true] {
+            rows.push(rdma_cm_case(&env, tool, ferroce_serves));
+        }
+    }
     finish(
         env,
         "rdma-cm",
-        "## rdma_cm: connection manager interop\n\nNo TCP exchange: librdmacm's `rdma_server` \
-         and `rdma_client` (rdmacm-utils) in the VM, `ferroce rdma-server` / `rdma-client` on \
-         the host. The CMs trade REQ (rdma_cm's TCP port space, service ID 0x01061d2f for port \
-         7471, rdma_cm's private-data header with both addresses), REP and RTU as CM MADs on \
-         QP1 (UD, Q_Key 0x80010000); the client SENDs 16 bytes, the server answers with 16, \
-         both disconnect (DREQ / DREP). Pass: both print `end 0`, the capture holds every \
-         message (UD SEND 0x64 to QP1, RC SEND 0x04, ACK 0x11) and decodes with good ICRCs.",
+        "## rdma_cm: connection manager interop\n\nNo TCP exchange: librdmacm's tools \
+         (rdmacm-utils) in the VM, ferroce's on the host. The CMs trade REQ (rdma_cm's TCP port \
+         space, service ID 0x0106 << 16 | port, rdma_cm's private-data header with both \
+         addresses), REP and RTU as CM MADs on QP1 (UD, Q_Key 0x80010000), then DREQ / DREP. \
+         `rdma_server` / `rdma_client` (port 7471): the client SENDs 16 bytes, the server \
+         answers with 16; pass: both print `end 0`. `rping -C 3 -v -V` (port 7174): per ping \
+         the client advertises its source buffer, the server RDMA READs it, the client \
+         advertises its sink, the server RDMA WRITEs the data back, the client compares; pass: \
+         both exit 0, three pings printed by each side. In every case the capture must hold \
+         the CM MADs (UD SEND 0x64 to QP1) and the RC traffic, each frame with a good ICRC.",
         &rows,
     );
 }
 
-fn rdma_cm_case(env: &Env, ferroce_serves: bool) -> Row {
+/// Which librdmacm example a case runs.
+#[derive(Clone, Copy)]
+enum CmTool {
+    /// `rdma_server` / `rdma_client`.
+    Examples,
+    /// `rping -s` / `rping -c`.
+    Rping,
+}
+
+fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
     let started = Instant::now();
-    let tag = if ferroce_serves {
-        "cm-server"
-    } else {
-        "cm-client"
+    let (tag, vm_server, vm_client, f_server, f_client, ops): (_, _, _, _, _, &[u8]) = match tool {
+        CmTool::Examples => (
+            "cm-examples",
+            "rdma_server".to_string(),
+            format!("rdma_client -s {}", env.lab.host_ipv4()),
+            vec!["rdma-server".to_string()],
+            vec![
+                "rdma-client".to_string(),
+                "-s".into(),
+                env.vm().ip().to_string(),
+            ],
+            &[0x64, 0x04, 0x11],
+        ),
+        CmTool::Rping => (
+            "cm-rping",
+            "rping -s -v".to_string(),
+            format!("rping -c -a {} -v -V -C 3", env.lab.host_ipv4()),
+            vec!["rping".to_string(), "-s".into(), "-v".into()],
+            vec![
+                "rping".to_string(),
+                "-c".into(),
+                "-a".into(),
+                env.vm().ip().to_string(),
+                "-v".into(),
+                "-V".into(),
+                "-C".into(),
+                "3".into(),
+            ],
+            // READ request / response, WRITE, SENDs, ACKs.
+            &[0x64, 0x04, 0x0c, 0x10, 0x0a, 0x11],
+        ),
     };
+    let tag = format!("{tag}-{}", if ferroce_serves { "server" } else { "client" });
     let pcap = env.dir.join(format!("{tag}.pcap"));
     let vm = env.vm();
+    let dev = match tool {
+        CmTool::Examples => "-d",
+        CmTool::Rping => "--ib-dev",
+    };
     let base = [
-        "-d".to_string(),
+        dev.to_string(),
         env.lab.host_iface().to_string(),
         "--backend".into(),
         env.backend.clone(),
@@ -1731,16 +1777,16 @@ fn rdma_cm_case(env: &Env, ferroce_serves: bool) -> Row {
     let cap = env.lab.capture(CAPTURE_IFACE, &pcap, "udp port 4791");
     // rdma_cm listens on no TCP port to wait for: each server is up (QP1 ready) well within
     // the two seconds its client is started after.
-    let (host, stock) = if ferroce_serves {
-        let mut args = vec!["rdma-server".to_string()];
+    let (server, client) = if ferroce_serves {
+        let mut args = f_server;
         args.extend(base.iter().cloned());
-        match HostJob::spawn(env.ferroce_cmd(&args), &env.dir, tag) {
+        match HostJob::spawn(env.ferroce_cmd(&args), &env.dir, &tag) {
             Ok(job) => {
                 std::thread::sleep(Duration::from_secs(2));
-                let stock = vm.run_timeout(
-                    &format!("rdma_client -s {}", env.lab.host_ipv4()),
-                    Duration::from_secs(60),
-                );
+                let stock = vm.run_timeout(&vm_client, Duration::from_secs(60));
+                if let Err(e) = &stock {
+                    problems.push(format!("{vm_client}: {e}"));
+                }
                 (Some(job.wait_timeout(Duration::from_secs(40))), stock.ok())
             }
             Err(e) => {
@@ -1749,20 +1795,20 @@ fn rdma_cm_case(env: &Env, ferroce_serves: bool) -> Row {
             }
         }
     } else {
-        match vm.spawn("rdma_server") {
-            Ok(server) => {
+        match vm.spawn(&vm_server) {
+            Ok(stock) => {
                 std::thread::sleep(Duration::from_secs(2));
-                let mut args = vec!["rdma-client".to_string(), "-s".into(), vm.ip().to_string()];
+                let mut args = f_client;
                 args.extend(base.iter().cloned());
-                let host = HostJob::spawn(env.ferroce_cmd(&args), &env.dir, tag)
+                let host = HostJob::spawn(env.ferroce_cmd(&args), &env.dir, &tag)
                     .map(|j| j.wait_timeout(Duration::from_secs(60)));
                 if let Err(e) = &host {
                     problems.push(format!("spawn ferroce: {e}"));
                 }
-                (host.ok(), server.wait_timeout(Duration::from_secs(40)).ok())
+                (stock.wait_timeout(Duration::from_secs(40)).ok(), host.ok())
             }
             Err(e) => {
-                problems.push(format!("rdma_server: {e}"));
+                problems.push(format!("{vm_server}: {e}"));
                 (None, None)
             }
         }
@@ -1773,34 +1819,50 @@ fn rdma_cm_case(env: &Env, ferroce_serves: bool) -> Row {
             problems.push(format!("capture: {e}"));
         }
     }
-    let ended = |o: &Option<Output>, name: &str| {
-        o.as_ref()
-            .is_some_and(|o| o.success() && o.stdout_str().contains(&format!("{name}: end 0")))
-    };
-    let (fname, sname) = if ferroce_serves {
-        ("rdma_server", "rdma_client")
+    let (ferroce_side, stock_side) = if ferroce_serves {
+        ("server", "client")
     } else {
-        ("rdma_client", "rdma_server")
+        ("client", "server")
     };
-    for (o, name, who) in [(&host, fname, "ferroce"), (&stock, sname, "stock")] {
-        if !ended(o, name) {
+    for (o, is_server) in [(&server, true), (&client, false)] {
+        let who = if is_server == ferroce_serves {
+            format!("ferroce {}", ferroce_side)
+        } else {
+            format!("stock {}", stock_side)
+        };
+        let out = o.as_ref().map(Output::stdout_str).unwrap_or_default();
+        let good = o.as_ref().is_some_and(Output::success)
+            && match tool {
+                CmTool::Examples => out.contains(if is_server {
+                    "rdma_server: end 0"
+                } else {
+                    "rdma_client: end 0"
+                }),
+                CmTool::Rping => {
+                    let prefix = if is_server {
+                        "server ping data: rdma-ping-"
+                    } else {
+                        "ping data: rdma-ping-"
+                    };
+                    out.lines().filter(|l| l.starts_with(prefix)).count() == 3
+                }
+            };
+        if !good {
             let said = o
                 .as_ref()
-                .map(|o| format!("{}{}", o.stdout_str(), o.stderr_str()))
+                .map(|o| format!("status {}: {}{}", o.status, o.stdout_str(), o.stderr_str()))
                 .unwrap_or_default();
             let last: Vec<&str> = said.lines().rev().take(3).collect();
-            problems.push(format!("{who} {name}: {}", last.join(" / ")));
+            problems.push(format!("{who}: {}", last.join(" / ")));
         }
     }
     let mut note = String::new();
     match check_capture(&env.ferroce, &pcap) {
         Ok(c) => {
             problems.extend(c.decode_problems.iter().take(2).cloned());
-            let has = |op: u8| c.tshark_opcodes.get(&op).is_some_and(|n| *n > 0);
-            // CM MADs (UD SEND only), the two RC SENDs and their ACKs.
-            for (op, what) in [(0x64u8, "CM MADs"), (0x04, "RC SEND"), (0x11, "ACK")] {
-                if !has(op) {
-                    problems.push(format!("no {what} (opcode {op:#04x}) in the capture"));
+            for op in ops {
+                if c.tshark_opcodes.get(op).is_none_or(|n| *n == 0) {
+                    problems.push(format!("no opcode {op:#04x} in the capture"));
                 }
             }
             note = c.summary();
@@ -1808,19 +1870,31 @@ fn rdma_cm_case(env: &Env, ferroce_serves: bool) -> Row {
         Err(e) => problems.push(format!("capture check: {e}")),
     }
     let pass = problems.is_empty();
+    let (peer, operation, params) = match tool {
+        CmTool::Examples => (
+            format!("rdma_{stock_side} (librdmacm)"),
+            "rdma_cm connect, SEND 16 B each way, disconnect",
+            "port 7471",
+        ),
+        CmTool::Rping => (
+            format!("rping {}", if ferroce_serves { "-c" } else { "-s" }),
+            "rdma_cm connect, 3 pings (READ + WRITE of 64 B each), -V, disconnect",
+            "port 7174",
+        ),
+    };
     Row {
-        peer: format!("{sname} (librdmacm)"),
-        operation: "rdma_cm connect, SEND 16 B each way, disconnect".into(),
+        peer,
+        operation: operation.into(),
         direction: if ferroce_serves {
             "rxe → ferroce".into()
         } else {
             "ferroce → rxe".into()
         },
-        params: format!("backend {}, IPv4, port 7471", env.backend),
+        params: format!("backend {}, IPv4, {params}", env.backend),
         verdict: if pass { Verdict::Pass } else { Verdict::Fail },
         seconds: started.elapsed().as_secs_f64(),
         note: if pass {
-            format!("both end 0; {note}")
+            format!("both sides done; {note}")
         } else {
             format!("{}; {note}", problems.join("; "))
         },

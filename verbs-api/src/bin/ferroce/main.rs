@@ -12,6 +12,7 @@ mod demo;
 mod devices;
 mod pingpong;
 mod rdma_cm;
+mod rping;
 
 use clap::{Parser, Subcommand};
 use ferroce_verbs::decode::{decode_capture, Format};
@@ -56,6 +57,9 @@ enum Command {
     /// 7471), sends 16 bytes, receives 16, disconnects.
     #[command(name = "rdma-client")]
     RdmaClient(rdma_cm::Args),
+    /// librdmacm's rping over an rdma_cm connection: `-s` serves, `-c -a ADDR`
+    /// pings (-C count, -S size, -v shows, -V checks the data).
+    Rping(rping::Args),
     /// List usable interfaces, their backends, MTU and GID table (like ibv_devinfo).
     Devices {
         /// Also list interfaces that are down or have no usable backend.
@@ -109,6 +113,7 @@ fn main() -> ExitCode {
         Command::Pingpong(a) => ExitCode::from(pingpong::run(a) as u8),
         Command::RdmaServer(a) => ExitCode::from(rdma_cm::run(a, true) as u8),
         Command::RdmaClient(a) => ExitCode::from(rdma_cm::run(a, false) as u8),
+        Command::Rping(a) => ExitCode::from(rping::run(a) as u8),
         Command::Devices { stats: true, all } => ExitCode::from(devices::stats(all) as u8),
         Command::Devices { all, .. } => ExitCode::from(devices::run(all) as u8),
         Command::Demo { backend } => ExitCode::from(demo::run(backend) as u8),

@@ -1,0 +1,94 @@
+//! `ferroce rdma-server` / `rdma-client` and `ferroce rping` between two
+//! namespace hosts (connections set up by the CM over QP1), on each packet
+//! engine. Needs root; skips with a message without it. (Against the stock
+//! librdmacm tools on rxe: interop-tests' rdma_cm_interop.)
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use ferroce_nic::netns::{Topology, TopologyConfig};
+
+fn ferroce(topo: &Topology, host: usize, args: &[&str]) -> Command {
+    let mut c = topo.command(host, env!("CARGO_BIN_EXE_ferroce"));
+    c.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+/// Server on host 0, client on host 1 (started once the server is up).
+fn pair(topo: &Topology, server: &[&str], client: &[&str]) -> (Output, Output) {
+    let srv = ferroce(topo, 0, server).spawn().expect("spawn server");
+    std::thread::sleep(Duration::from_millis(700));
+    let cli = ferroce(topo, 1, client).output().expect("run client");
+    (srv.wait_with_output().expect("server"), cli)
+}
+
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n{}{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn rdma_cm_tools_between_namespaces() {
+    if !ferroce_nic::is_root() {
+        eprintln!("rdma_cm_tools_between_namespaces: skipped (needs root for network namespaces)");
+        return;
+    }
+    let topo = Topology::up(&TopologyConfig::default()).unwrap();
+    let server_ip = topo.host(0).ipv4.to_string();
+    for backend in ["udp", "afpacket", "afxdp"] {
+        let dev = ["--backend", backend, "--timeout", "20"];
+        let with = |args: &[&'static str], dev_flag: &'static str| -> Vec<String> {
+            let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+            v.extend([dev_flag.to_string(), "veth0".to_string()]);
+            v.extend(dev.iter().map(|s| s.to_string()));
+            v
+        };
+        let srv = with(&["rdma-server"], "-d");
+        let mut cli = with(&["rdma-client"], "-d");
+        cli.extend(["-s".to_string(), server_ip.clone()]);
+        let (s, c) = pair(&topo, &refs(&srv), &refs(&cli));
+        assert!(
+            s.status.success() && text(&s).contains("rdma_server: end 0"),
+            "{backend}: {}",
+            text(&s)
+        );
+        assert!(
+            c.status.success() && text(&c).contains("rdma_client: end 0"),
+            "{backend}: {}",
+            text(&c)
+        );
+
+        let srv = with(&["rping", "-s", "-v"], "--ib-dev");
+        let mut cli = with(&["rping", "-c", "-v", "-V", "-C", "5"], "--ib-dev");
+        cli.extend(["-a".to_string(), server_ip.clone()]);
+        let (s, c) = pair(&topo, &refs(&srv), &refs(&cli));
+        let pings = |o: &Output, prefix: &str| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| l.starts_with(prefix))
+                .count()
+        };
+        assert!(s.status.success(), "{backend}: {}", text(&s));
+        assert!(c.status.success(), "{backend}: {}", text(&c));
+        assert_eq!(
+            pings(&s, "server ping data: rdma-ping-"),
+            5,
+            "{backend}: {}",
+            text(&s)
+        );
+        assert_eq!(
+            pings(&c, "ping data: rdma-ping-"),
+            5,
+            "{backend}: {}",
+            text(&c)
+        );
+    }
+}
