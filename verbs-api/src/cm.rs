@@ -455,10 +455,11 @@ impl<'a> CmAgent<'a> {
                 self.send(peer, tid, &drep)?;
             }
             CmMessage::Req(r) => {
+                let from = Ipv6Addr::from(r.primary.local_gid);
                 let repeat = self
                     .conns
                     .values()
-                    .find(|c| c.remote_comm_id == r.local_comm_id)
+                    .find(|c| c.remote_comm_id == r.local_comm_id && c.peer_gid == from)
                     .map(|c| (c.peer_gid, c.tid, c.last_sent.clone()));
                 if let Some((peer, tid, last)) = repeat {
                     if let Some(last) = last {
