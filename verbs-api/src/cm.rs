@@ -289,18 +289,7 @@ impl<'a> CmAgent<'a> {
             gid: ctx.query_gid(sgid_index)?,
         };
         qp.connect(ctx, &me, &opts)?;
-        let mac = ctx.mac();
-        // EUI-64 from the MAC, as RNICs derive their node GUID.
-        let guid = u64::from_be_bytes([
-            mac[0] ^ 0x02,
-            mac[1],
-            mac[2],
-            0xff,
-            0xfe,
-            mac[3],
-            mac[4],
-            mac[5],
-        ]);
+        let guid = crate::device::node_guid(ctx.mac());
         let agent = CmAgent {
             ctx,
             qp,
@@ -433,6 +422,20 @@ impl<'a> CmAgent<'a> {
             let _ = self
                 .cq
                 .wait((deadline - now).min(Duration::from_millis(20)));
+        }
+    }
+
+    /// The next message a caller may want (what [`CmAgent::background`]
+    /// answered itself is skipped), or `None` once `deadline` passes.
+    fn next_until(&mut self, deadline: Instant) -> Result<Option<(u64, CmMessage)>> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some((t, m)) = self.recv(left)? else {
+                return Ok(None);
+            };
+            if let Some(got) = self.background(t, m)? {
+                return Ok(Some(got));
+            }
         }
     }
 
@@ -673,14 +676,7 @@ impl<'a> CmAgent<'a> {
         for _ in 0..MAX_CM_RETRIES {
             self.send(peer, tid, msg)?;
             let mut deadline = Instant::now() + RESEND_AFTER;
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let Some((t, m)) = self.recv(left)? else {
-                    break;
-                };
-                let Some((t, m)) = self.background(t, m)? else {
-                    continue;
-                };
+            while let Some((t, m)) = self.next_until(deadline)? {
                 if m.remote_comm_id() != local_comm_id {
                     self.stash(t, m)?;
                     continue;
@@ -727,12 +723,8 @@ impl<'a> CmAgent<'a> {
         }
         let deadline = Instant::now() + timeout;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let Some((t, m)) = self.recv(left)? else {
+            let Some((t, m)) = self.next_until(deadline)? else {
                 return Err(Error::Timeout(timeout, "a connection request"));
-            };
-            let Some((t, m)) = self.background(t, m)? else {
-                continue;
             };
             match m {
                 CmMessage::Req(r) => match Self::request_of(t, *r) {
@@ -867,14 +859,7 @@ impl<'a> CmAgent<'a> {
             'sends: for _ in 0..3 {
                 self.send(conn.peer_gid, tid, &dreq)?;
                 let deadline = Instant::now() + RESEND_AFTER;
-                loop {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    let Some((t, m)) = self.recv(left)? else {
-                        break;
-                    };
-                    let Some((t, m)) = self.background(t, m)? else {
-                        continue;
-                    };
+                while let Some((t, m)) = self.next_until(deadline)? {
                     match m {
                         CmMessage::Drep(d) if d.remote_comm_id == conn.local_comm_id => {
                             break 'sends
@@ -908,14 +893,11 @@ impl<'a> CmAgent<'a> {
             {
                 break true;
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            let Some((t, m)) = self.recv(left)? else {
+            let Some((t, m)) = self.next_until(deadline)? else {
                 break false;
             };
-            if let Some((t, m)) = self.background(t, m)? {
-                if !matches!(m, CmMessage::Dreq(_)) {
-                    self.stash(t, m)?;
-                }
+            if !matches!(m, CmMessage::Dreq(_)) {
+                self.stash(t, m)?;
             }
         };
         if gone {

@@ -226,6 +226,21 @@ impl DeviceConfig {
     }
 }
 
+/// The node GUID of an interface with `mac`: its modified EUI-64 (the
+/// universal/local bit flipped, ff:fe in the middle), as rxe derives it.
+pub fn node_guid(mac: [u8; 6]) -> u64 {
+    u64::from_be_bytes([
+        mac[0] ^ 0x02,
+        mac[1],
+        mac[2],
+        0xff,
+        0xfe,
+        mac[3],
+        mac[4],
+        mac[5],
+    ])
+}
+
 /// A seed from the OS clock and process id: the core itself never reads either.
 pub fn seed_from_os() -> u64 {
     let t = std::time::SystemTime::now()

@@ -39,17 +39,7 @@ fn copy_cstr(dst: &mut [c_char], s: &str) {
 
 /// The modified EUI-64 of a MAC as a node GUID, in network byte order (rxe does the same).
 fn guid_of(mac: [u8; 6]) -> u64 {
-    let b = [
-        mac[0] ^ 2,
-        mac[1],
-        mac[2],
-        0xff,
-        0xfe,
-        mac[3],
-        mac[4],
-        mac[5],
-    ];
-    u64::from_ne_bytes(b)
+    ferroce_verbs::device::node_guid(mac).to_be()
 }
 
 fn backend() -> Backend {
