@@ -899,9 +899,9 @@ fn pingpong_extra(o: &Outcome) -> Result<String, String> {
     }
     // Both sides' packets carry the same IP traffic class and hop limit (the tools ask for
     // hop limit 1; Linux puts the route's, 64, in a RoCE QP's packets, as ferroce does).
-    let mut ip: Vec<(u8, u8)> = roce_ip_fields(&o.pcap)?
+    let mut ip: Vec<(u8, u8)> = roce_frames(&o.pcap)?
         .into_iter()
-        .map(|f| (f.1, f.2))
+        .map(|f| (f.tclass, f.hop_limit))
         .collect();
     ip.sort_unstable();
     ip.dedup();
@@ -1021,9 +1021,20 @@ fn perftest_bidi_extra(o: &Outcome) -> Result<String, String> {
 /// for raw Ethernet QPs only).
 const TCLASS: u8 = 106;
 
-/// (source address, traffic class, hop limit) of every RoCE v2 frame in a capture, IPv4
-/// (TOS, TTL) or IPv6.
-fn roce_ip_fields(pcap: &Path) -> Result<Vec<(Vec<u8>, u8, u8)>, String> {
+/// What the checks read of a RoCE v2 frame.
+struct RoceFrame {
+    /// Source IP address (4 or 16 bytes).
+    src: Vec<u8>,
+    /// IPv4 TOS or IPv6 traffic class.
+    tclass: u8,
+    /// IPv4 TTL or IPv6 hop limit.
+    hop_limit: u8,
+    /// The BTH's opcode.
+    opcode: u8,
+}
+
+/// Every RoCE v2 frame in a capture, IPv4 (without options) or IPv6.
+fn roce_frames(pcap: &Path) -> Result<Vec<RoceFrame>, String> {
     let file = std::fs::File::open(pcap).map_err(|e| format!("open {}: {e}", pcap.display()))?;
     let mut r = pcap_file::pcap::PcapReader::new(file).map_err(|e| format!("pcap: {e}"))?;
     let mut v = Vec::new();
@@ -1031,22 +1042,28 @@ fn roce_ip_fields(pcap: &Path) -> Result<Vec<(Vec<u8>, u8, u8)>, String> {
         let d = p.map_err(|e| format!("pcap: {e}"))?.data;
         let field = |at: usize| d.get(at).copied();
         let fields = match d.get(12..14) {
-            // IPv4 without options: TOS at 1, TTL at 8, protocol at 9, source at 12.
+            // IPv4 without options: TOS at 1, TTL at 8, protocol at 9, source at 12; the BTH
+            // after the UDP header.
             Some([0x08, 0x00]) if field(14) == Some(0x45) && field(23) == Some(17) => {
                 (d.get(36..38) == Some(&[0x12, 0xb7][..]))
-                    .then(|| (d.get(26..30), field(15), field(22)))
+                    .then(|| (d.get(26..30), field(15), field(22), field(42)))
             }
             // IPv6: traffic class across bytes 0-1, next header at 6, hop limit at 7.
             Some([0x86, 0xdd]) if field(20) == Some(17) => {
                 (d.get(56..58) == Some(&[0x12, 0xb7][..])).then(|| {
                     let tc = field(14).zip(field(15)).map(|(a, b)| (a << 4) | (b >> 4));
-                    (d.get(22..38), tc, field(21))
+                    (d.get(22..38), tc, field(21), field(62))
                 })
             }
             _ => None,
         };
-        if let Some((Some(src), Some(tc), Some(hl))) = fields {
-            v.push((src.to_vec(), tc, hl));
+        if let Some((Some(src), Some(tclass), Some(hop_limit), Some(opcode))) = fields {
+            v.push(RoceFrame {
+                src: src.to_vec(),
+                tclass,
+                hop_limit,
+                opcode,
+            });
         }
     }
     Ok(v)
@@ -1056,8 +1073,8 @@ fn roce_ip_fields(pcap: &Path) -> Result<Vec<(Vec<u8>, u8, u8)>, String> {
 /// (rxe takes it from the QP's GRH attributes as ferroce does).
 fn tclass_extra(o: &Outcome) -> Result<String, String> {
     let check = perftest_extra(o)?;
-    let frames = roce_ip_fields(&o.pcap)?;
-    let mut sources: Vec<&[u8]> = frames.iter().map(|f| f.0.as_slice()).collect();
+    let frames = roce_frames(&o.pcap)?;
+    let mut sources: Vec<&[u8]> = frames.iter().map(|f| f.src.as_slice()).collect();
     sources.sort();
     sources.dedup();
     if sources.len() != 2 {
@@ -1066,13 +1083,13 @@ fn tclass_extra(o: &Outcome) -> Result<String, String> {
             sources.len()
         ));
     }
-    if let Some(f) = frames.iter().find(|f| f.1 != TCLASS) {
+    if let Some(f) = frames.iter().find(|f| f.tclass != TCLASS) {
         return Err(format!(
             "a packet from {:02x?} has traffic class {}, expected {TCLASS}",
-            f.0, f.1
+            f.src, f.tclass
         ));
     }
-    let mut hops: Vec<u8> = frames.iter().map(|f| f.2).collect();
+    let mut hops: Vec<u8> = frames.iter().map(|f| f.hop_limit).collect();
     hops.sort_unstable();
     hops.dedup();
     let seen = format!(
@@ -1095,23 +1112,16 @@ const OUTS: usize = 2;
 /// requester did, so the count there never exceeds the requester's own.
 fn outs_extra(o: &Outcome) -> Result<String, String> {
     let check = perftest_extra(o)?;
-    let file = std::fs::File::open(&o.pcap).map_err(|e| format!("open: {e}"))?;
-    let mut r = pcap_file::pcap::PcapReader::new(file).map_err(|e| format!("pcap: {e}"))?;
     let (mut out, mut most, mut requests) = (0usize, 0usize, 0usize);
-    while let Some(p) = r.next_packet() {
-        let d = p.map_err(|e| format!("pcap: {e}"))?.data;
-        // IPv4 without options, UDP to 4791: the BTH's opcode at 42.
-        if d.get(12..14) != Some(&[0x08, 0x00][..]) || d.get(36..38) != Some(&[0x12, 0xb7][..]) {
-            continue;
-        }
-        match d.get(42) {
-            Some(0x0c) => {
+    for f in roce_frames(&o.pcap)? {
+        match f.opcode {
+            0x0c => {
                 out += 1;
                 requests += 1;
                 most = most.max(out);
             }
             // RDMA READ response LAST or ONLY: that READ is done.
-            Some(0x0f | 0x10) => out = out.saturating_sub(1),
+            0x0f | 0x10 => out = out.saturating_sub(1),
             _ => {}
         }
     }

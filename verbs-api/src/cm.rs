@@ -233,16 +233,8 @@ fn cma_source(p: &[u8; mad::REQ_PRIVATE_LEN]) -> Option<SocketAddr> {
     Some(SocketAddr::new(ip, port))
 }
 
-/// IBTA's MTU enumeration (1: 256 ... 5: 4096) and back.
-fn mtu_enum(bytes: u32) -> u8 {
-    match bytes {
-        4096.. => 5,
-        2048.. => 4,
-        1024.. => 3,
-        512.. => 2,
-        _ => 1,
-    }
-}
+/// IBTA's MTU enumeration back to bytes; a value outside 1..=5 is read as
+/// the nearest one.
 fn mtu_bytes(e: u8) -> u32 {
     256 << (e.clamp(1, 5) - 1)
 }
@@ -348,21 +340,10 @@ impl<'a> CmAgent<'a> {
         // The send buffer is reused by the next send: wait for this one.
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let mut wcs = Vec::new();
-            self.cq.poll(16, &mut wcs)?;
-            let mut sent = false;
-            for wc in wcs {
-                if wc.wr_id == SEND_WR_ID {
-                    if wc.status != WcStatus::Success {
-                        return Err(Error::Cm(format!("MAD send failed: {:?}", wc.status)));
-                    }
-                    sent = true;
-                } else {
-                    self.take_recv(&wc)?;
-                }
-            }
-            if sent {
-                return Ok(());
+            match self.drain_cq()? {
+                Some(WcStatus::Success) => return Ok(()),
+                Some(status) => return Err(Error::Cm(format!("MAD send failed: {status:?}"))),
+                None => {}
             }
             if Instant::now() >= deadline {
                 return Err(Error::Timeout(Duration::from_secs(5), "a MAD send"));
@@ -371,7 +352,24 @@ impl<'a> CmAgent<'a> {
         }
     }
 
-    /// A receive completion: the MAD parsed and queued for [`CmAgent::next`].
+    /// Takes what QP1's CQ holds: each receive into the inbox
+    /// ([`CmAgent::take_recv`]); returns the status of a send's completion
+    /// among them.
+    fn drain_cq(&mut self) -> Result<Option<WcStatus>> {
+        let mut wcs = Vec::new();
+        self.cq.poll(16, &mut wcs)?;
+        let mut sent = None;
+        for wc in &wcs {
+            if wc.wr_id == SEND_WR_ID {
+                sent = Some(wc.status);
+            } else {
+                self.take_recv(wc)?;
+            }
+        }
+        Ok(sent)
+    }
+
+    /// A receive completion: the MAD parsed and queued for [`CmAgent::recv`].
     fn take_recv(&mut self, wc: &WorkCompletion) -> Result<()> {
         let slot = wc.wr_id as usize;
         if wc.opcode != WcOpcode::Recv || slot >= RECV_SLOTS {
@@ -405,13 +403,8 @@ impl<'a> CmAgent<'a> {
             if let Some(m) = self.inbox.pop_front() {
                 return Ok(Some(m));
             }
-            let mut wcs = Vec::new();
-            self.cq.poll(16, &mut wcs)?;
-            for wc in &wcs {
-                if wc.wr_id != SEND_WR_ID {
-                    self.take_recv(wc)?;
-                }
-            }
+            // `send` takes its own completion: none is left to look at here.
+            self.drain_cq()?;
             if !self.inbox.is_empty() {
                 continue;
             }
@@ -576,7 +569,7 @@ impl<'a> CmAgent<'a> {
             local_cm_response_timeout: CM_RESPONSE_TIMEOUT,
             retry_count: param.retry_count,
             partition_key: 0xffff,
-            path_mtu: mtu_enum(mtu),
+            path_mtu: crate::device::ib_mtu_enum(mtu),
             rdc_exists: false,
             rnr_retry_count: param.rnr_retry_count,
             max_cm_retries: MAX_CM_RETRIES,
@@ -702,16 +695,8 @@ impl<'a> CmAgent<'a> {
     }
 
     fn reject_rep(&mut self, peer: Ipv6Addr, tid: u64, local: u32, remote: u32) -> Result<()> {
-        let rej = CmMessage::Rej(Box::new(mad::Rej {
-            local_comm_id: local,
-            remote_comm_id: remote,
-            message_rejected: answers::REP,
-            reject_info_len: 0,
-            reason: 3,
-            ari: [0; mad::REJ_ARI_LEN],
-            private_data: [0; mad::REJ_PRIVATE_LEN],
-        }));
-        self.send(peer, tid, &rej)
+        // No resources for the connection the REP offered (IBTA table 109: 3).
+        self.send(peer, tid, &rej(local, remote, answers::REP, 3))
     }
 
     /// rdma_get_request: the next connection request for `port` (rdma_cm's
@@ -823,16 +808,13 @@ impl<'a> CmAgent<'a> {
     /// rdma_reject: refuses `request` with `reason` (28, consumer defined, as rdma_reject).
     pub fn reject(&mut self, request: &Request, reason: u16) -> Result<()> {
         let peer = Ipv6Addr::from(request.req.primary.local_gid);
-        let rej = CmMessage::Rej(Box::new(mad::Rej {
-            local_comm_id: self.new_comm_id(),
-            remote_comm_id: request.req.local_comm_id,
-            message_rejected: answers::REQ,
-            reject_info_len: 0,
+        let msg = rej(
+            self.new_comm_id(),
+            request.req.local_comm_id,
+            answers::REQ,
             reason,
-            ari: [0; mad::REJ_ARI_LEN],
-            private_data: [0; mad::REJ_PRIVATE_LEN],
-        }));
-        self.send(peer, request.tid, &rej)
+        );
+        self.send(peer, request.tid, &msg)
     }
 
     /// rdma_disconnect: `qp` goes to ERR (what it still holds completes
@@ -840,16 +822,8 @@ impl<'a> CmAgent<'a> {
     /// Without an answer after a few sends the connection is dropped all the
     /// same (the peer's time-wait covers it).
     pub fn disconnect(&mut self, conn: &Connection, qp: &QueuePair<'_>) -> Result<()> {
-        let to_err = QpAttr {
-            qp_state: QpState::Err,
-            ..QpAttr::default()
-        };
-        qp.modify(&to_err, QpAttrMask::STATE)?;
-        let already = self
-            .conns
-            .get(&conn.local_comm_id)
-            .is_none_or(|c| c.disconnected);
-        if !already {
+        to_error(qp)?;
+        if !self.gone(conn) {
             let tid = self.next_tid();
             let dreq = CmMessage::Dreq(Dreq {
                 local_comm_id: conn.local_comm_id,
@@ -886,11 +860,7 @@ impl<'a> CmAgent<'a> {
     ) -> Result<bool> {
         let deadline = Instant::now() + timeout;
         let gone = loop {
-            if self
-                .conns
-                .get(&conn.local_comm_id)
-                .is_none_or(|c| c.disconnected)
-            {
+            if self.gone(conn) {
                 break true;
             }
             let Some((t, m)) = self.next_until(deadline)? else {
@@ -901,15 +871,40 @@ impl<'a> CmAgent<'a> {
             }
         };
         if gone {
-            let to_err = QpAttr {
-                qp_state: QpState::Err,
-                ..QpAttr::default()
-            };
-            qp.modify(&to_err, QpAttrMask::STATE)?;
+            to_error(qp)?;
             self.conns.remove(&conn.local_comm_id);
         }
         Ok(gone)
     }
+
+    /// Whether `conn` has ended: the peer's DREQ came, or it is forgotten.
+    fn gone(&self, conn: &Connection) -> bool {
+        self.conns
+            .get(&conn.local_comm_id)
+            .is_none_or(|c| c.disconnected)
+    }
+}
+
+/// rdma_disconnect's first step: the QP to ERR, its work requests flushed.
+fn to_error(qp: &QueuePair<'_>) -> Result<()> {
+    let attr = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    qp.modify(&attr, QpAttrMask::STATE)
+}
+
+/// A REJ of what `message_rejected` names, with no additional information.
+fn rej(local: u32, remote: u32, message_rejected: u8, reason: u16) -> CmMessage {
+    CmMessage::Rej(Box::new(mad::Rej {
+        local_comm_id: local,
+        remote_comm_id: remote,
+        message_rejected,
+        reject_info_len: 0,
+        reason,
+        ari: [0; mad::REJ_ARI_LEN],
+        private_data: [0; mad::REJ_PRIVATE_LEN],
+    }))
 }
 
 #[cfg(test)]
@@ -928,6 +923,6 @@ mod tests {
         assert_eq!(cma_source(&p), Some(src));
         // rdma_server's default port 7471 in rdma_cm's TCP space.
         assert_eq!(PS_TCP << 16 | 7471, 0x0000_0000_0106_1d2f);
-        assert_eq!((mtu_enum(4096), mtu_enum(1024), mtu_bytes(3)), (5, 3, 1024));
+        assert_eq!(mtu_bytes(3), 1024);
     }
 }

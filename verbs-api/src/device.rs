@@ -440,6 +440,18 @@ pub fn ib_mtu_for(eth_mtu: u32) -> u32 {
         .unwrap_or(256)
 }
 
+/// An IB path MTU as the `ibv_mtu` / IBTA enumeration (1: 256 ... 5: 4096);
+/// between two MTUs it takes the smaller.
+pub fn ib_mtu_enum(bytes: u32) -> u8 {
+    match bytes {
+        4096.. => 5,
+        2048.. => 4,
+        1024.. => 3,
+        512.. => 2,
+        _ => 1,
+    }
+}
+
 /// An IPv4 GID's address, if it is IPv4-mapped.
 pub fn gid_ipv4(gid: Ipv6Addr) -> Option<Ipv4Addr> {
     gid.to_ipv4_mapped()
@@ -456,6 +468,8 @@ mod tests {
         assert_eq!(ib_mtu_for(4200), 4096);
         assert_eq!(ib_mtu_for(4175), 2048);
         assert_eq!(ib_mtu_for(576), 256);
+        let enums: Vec<u8> = [256, 512, 1024, 2048, 4096].map(ib_mtu_enum).to_vec();
+        assert_eq!(enums, [1, 2, 3, 4, 5]);
     }
 
     #[test]

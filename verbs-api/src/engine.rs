@@ -134,21 +134,12 @@ impl Inner {
     /// Let the core fill TX slots until it has nothing more (or the ring is full).
     pub fn flush_tx(&mut self, now: Instant) -> Result<usize, ferroce_nic::NicError> {
         self.tx_owed = false;
-        let io = &mut self.io;
-        if io.gathers() {
-            let mut src = CoreSource {
-                core: &mut self.core,
-                now,
-            };
-            return in_batches(|| io.transmit_gather(BATCH, &mut src));
-        }
-        let core = &mut self.core;
-        in_batches(|| io.transmit(BATCH, &mut |buf: &mut [u8]| core.poll_transmit(now, buf)))
+        in_batches(|| self.transmit_batch(now))
     }
 
     /// Up to one batch of frames from the core to the driver (the core's
-    /// order: each QP's responses before its requests), leaving a deferred
-    /// transmit owed.
+    /// order: each QP's responses before its requests); a deferred transmit
+    /// stays owed.
     fn transmit_batch(&mut self, now: Instant) -> Result<usize, ferroce_nic::NicError> {
         let io = &mut self.io;
         let core = &mut self.core;

@@ -290,6 +290,15 @@ pub fn perftest_unit(bytes_per_sec: f64, gbits: bool) -> f64 {
     }
 }
 
+/// [`perftest_unit`] undone: a figure in perftest's unit as bytes per second.
+pub fn bytes_per_sec_of(perftest: f64, gbits: bool) -> f64 {
+    if gbits {
+        perftest * 1e9 / 8.0
+    } else {
+        perftest * f64::from(1u32 << 20)
+    }
+}
+
 /// perftest's peak: the shortest time per request over any run of
 /// consecutive requests `i..=j`, from the post of `i` to the completion of
 /// `j` (nanoseconds since the start); returns bytes per second.
@@ -795,7 +804,7 @@ pub fn write_lat(
 
 #[cfg(test)]
 mod tests {
-    use super::{peak_rate, perftest_unit};
+    use super::{bytes_per_sec_of, peak_rate, perftest_unit};
 
     #[test]
     fn the_peak_is_the_best_run_of_consecutive_requests() {
@@ -816,5 +825,7 @@ mod tests {
     fn perftest_reports_mib_or_gbits() {
         assert_eq!(perftest_unit(1048576.0, false), 1.0);
         assert_eq!(perftest_unit(125_000_000.0, true), 1.0);
+        assert_eq!(bytes_per_sec_of(1.0, false), 1048576.0);
+        assert_eq!(bytes_per_sec_of(1.0, true), 125_000_000.0);
     }
 }

@@ -4,7 +4,8 @@
 use std::net::Ipv6Addr;
 
 use ferroce_stack::transport::{
-    AccessFlags, Path, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendWr,
+    AccessFlags, Core, Path, PdHandle, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
+    RecvWr, SendWr, VerbsError,
 };
 
 use crate::cq::CompletionQueue;
@@ -67,6 +68,27 @@ impl<'pd> QpBuilder<'pd> {
         send_cq: &CompletionQueue,
         recv_cq: &CompletionQueue,
     ) -> Result<QueuePair<'pd>> {
+        self.create(send_cq, recv_cq, Core::create_qp)
+    }
+
+    /// QP1 of the device, for its connection manager ([`crate::cm`]): a UD
+    /// QP with this builder's capacities, every send signaled.
+    pub(crate) fn build_gsi(
+        self,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+    ) -> Result<QueuePair<'pd>> {
+        self.qp_type(QpType::Ud)
+            .sq_sig_all(true)
+            .create(send_cq, recv_cq, Core::create_gsi_qp)
+    }
+
+    fn create(
+        self,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        make: fn(&mut Core, PdHandle, &QpInitAttr) -> std::result::Result<u32, VerbsError>,
+    ) -> Result<QueuePair<'pd>> {
         let init = QpInitAttr {
             qp_type: self.qp_type,
             send_cq: send_cq.handle,
@@ -75,48 +97,15 @@ impl<'pd> QpBuilder<'pd> {
             cap: self.cap,
             sq_sig_all: self.sq_sig_all,
         };
-        let qpn = self
-            .pd
-            .shared
-            .engine
-            .lock()
-            .core
-            .create_qp(self.pd.handle, &init)?;
+        let qpn = make(
+            &mut self.pd.shared.engine.lock().core,
+            self.pd.handle,
+            &init,
+        )?;
         Ok(QueuePair {
             pd: self.pd,
             qpn,
             qp_type: self.qp_type,
-        })
-    }
-}
-
-impl<'pd> QpBuilder<'pd> {
-    /// QP1 of the device, for its connection manager ([`crate::cm`]): a UD
-    /// QP with this builder's capacities.
-    pub(crate) fn build_gsi(
-        self,
-        send_cq: &CompletionQueue,
-        recv_cq: &CompletionQueue,
-    ) -> Result<QueuePair<'pd>> {
-        let init = QpInitAttr {
-            qp_type: QpType::Ud,
-            send_cq: send_cq.handle,
-            recv_cq: recv_cq.handle,
-            srq: None,
-            cap: self.cap,
-            sq_sig_all: true,
-        };
-        let qpn = self
-            .pd
-            .shared
-            .engine
-            .lock()
-            .core
-            .create_gsi_qp(self.pd.handle, &init)?;
-        Ok(QueuePair {
-            pd: self.pd,
-            qpn,
-            qp_type: QpType::Ud,
         })
     }
 }

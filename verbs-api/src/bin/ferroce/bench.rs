@@ -6,6 +6,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use ferroce_verbs::device::ib_mtu_enum;
 use ferroce_verbs::exchange::perftest::{self, BwReport, Negotiated, PerftestParams};
 use ferroce_verbs::exchange::{self, ExchangeConfig, PerftestDest};
 use ferroce_verbs::perf::{self, PerfOp, PerfParams, PerfResult, RemoteBuf};
@@ -286,16 +287,6 @@ impl Args {
     }
 }
 
-fn mtu_enum(mtu: u32) -> u8 {
-    match mtu {
-        256 => 1,
-        512 => 2,
-        1024 => 3,
-        2048 => 4,
-        _ => 5,
-    }
-}
-
 /// The path MTU for `-m`, picked as perftest's `set_mtu` does: an MTU that
 /// is not an IB MTU, or one above the port's active MTU, gives way to the
 /// active MTU. Also returns the lines perftest prints then, as (goes to
@@ -304,7 +295,7 @@ fn path_mtu(requested: Option<u32>, active: u32) -> (u32, Vec<(bool, String)>) {
     let Some(m) = requested else {
         return (active, Vec::new());
     };
-    let active_enum = mtu_enum(active);
+    let active_enum = ib_mtu_enum(active);
     if !common::IB_MTUS.contains(&m) {
         return (
             active,
@@ -571,7 +562,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     // first pass; ib_send_bw one before traffic and no report exchange.
     let params = PerftestParams {
         version: VERSION.to_string(),
-        mtu: mtu_enum(mtu),
+        mtu: ib_mtu_enum(mtu),
         extra_rounds_before: u8::from(a.lat && a.test() != Test::Atomic),
         extra_rounds_after: u8::from(!a.lat && a.test() == Test::Send),
         ..PerftestParams::default()
@@ -812,7 +803,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         }
     }
     if a.table() {
-        println!("---------------------------------------------------------------------------------------");
+        println!("{RESULT_LINE}");
     }
     if let Err(e) = limits.verdict() {
         eprintln!("{e}");
@@ -1457,17 +1448,11 @@ fn print_result(
     peer_is_ferroce: bool,
 ) -> (f64, f64) {
     let g = a.report_gbits;
-    // The peer's report is in perftest's unit; JSON gives 10^6 bytes per second.
-    let peer_mb = |x: f64| {
-        if g {
-            x * 1e3 / 8.0
-        } else {
-            x * f64::from(1u32 << 20) / 1e6
-        }
-    };
     let (peer_bw, peer_peak, peer_mpps) =
         peer.map_or((0.0, 0.0, 0.0), |p| (p.bw_avg, p.bw_peak, p.msg_rate_avg));
-    let mb = r.mb_per_sec() + peer_mb(peer_bw);
+    // The peer's report is in perftest's unit; JSON gives 10^6 bytes per second.
+    let peer_mb = perf::bytes_per_sec_of(peer_bw, g) / 1e6;
+    let mb = r.mb_per_sec() + peer_mb;
     let mpps = r.mpps() + peer_mpps;
     let gbits = mb * 8.0 / 1000.0;
     // perftest's columns: MB/sec there is MiB/s.
@@ -1499,10 +1484,10 @@ fn print_result(
             v["bw_avg_perftest"] = bw.into();
             v["bw_peak_perftest"] = peak.into();
             v["msg_rate_mpps"] = mpps.into();
-            if let Some(p) = peer {
+            if peer.is_some() {
                 v["bidirectional"] = true.into();
                 v["local_bw_mb_s"] = r.mb_per_sec().into();
-                v["remote_bw_mb_s"] = peer_mb(p.bw_avg).into();
+                v["remote_bw_mb_s"] = peer_mb.into();
             }
         }
         println!("{v}");

@@ -61,3 +61,17 @@ pub fn gid_bytes(g: std::net::Ipv6Addr) -> [u8; 16] {
 pub fn gid_from(b: [u8; 16]) -> std::net::Ipv6Addr {
     std::net::Ipv6Addr::from(b)
 }
+
+/// `host` (an address or a name) and `port` as a socket address: the first
+/// the resolver gives, as getaddrinfo's callers in librdmacm's examples take.
+pub fn resolve(host: &str, port: u16) -> Result<std::net::SocketAddr, String> {
+    use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    (host, port)
+        .to_socket_addrs()
+        .map_err(|e| e.to_string())?
+        .next()
+        .ok_or_else(|| format!("no address for {host}"))
+}

@@ -4,7 +4,6 @@
 //! stock tool: the client sends 16 bytes, the server answers with 16, both
 //! disconnect (same flags, same two output lines).
 
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
 use clap::Parser;
@@ -114,7 +113,7 @@ fn session(a: &Args, server: bool) -> Result<(), String> {
             .server
             .as_deref()
             .ok_or("rdma_client needs -s server_address")?;
-        let dst = resolve(host, port)?;
+        let dst = common::resolve(host, port).map_err(|e| format!("rdma_getaddrinfo: {e}"))?;
         qp.to_init(&Default::default()).map_err(|e| e.to_string())?;
         post_recv()?;
         let conn = cm
@@ -140,15 +139,4 @@ fn completion(
         Some(wc) => Err(format!("{what}: completion with status {:?}", wc.status)),
         None => Err(format!("{what}: no completion")),
     }
-}
-
-fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
-    if let Ok(ip) = host.parse::<IpAddr>() {
-        return Ok(SocketAddr::new(ip, port));
-    }
-    (host, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("rdma_getaddrinfo: {e}"))?
-        .next()
-        .ok_or_else(|| format!("rdma_getaddrinfo: no address for {host}"))
 }

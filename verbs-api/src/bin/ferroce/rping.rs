@@ -6,7 +6,6 @@
 //! buffers. Same flags, same output lines, same wire, so either side can be
 //! the stock tool.
 
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -263,7 +262,8 @@ fn session(a: &Args) -> Result<(), String> {
         r
     } else {
         let host = a.addr.as_deref().ok_or("a client needs -a addr")?;
-        let dst = resolve(host, a.port)?;
+        let dst = common::resolve(host, a.port)
+            .map_err(|e| format!("getaddrinfo failed ({e}) - invalid hostname or IP address"))?;
         let conn = cm
             .connect(&qp, dst, &param)
             .map_err(|e| format!("rdma_connect: {e}"))?;
@@ -382,15 +382,4 @@ fn next_advert(
 fn c_str(b: &[u8]) -> String {
     let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
     String::from_utf8_lossy(&b[..end]).into_owned()
-}
-
-fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
-    if let Ok(ip) = host.parse::<IpAddr>() {
-        return Ok(SocketAddr::new(ip, port));
-    }
-    (host, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("getaddrinfo failed ({e}) - invalid hostname or IP address"))?
-        .next()
-        .ok_or_else(|| format!("no address for {host}"))
 }
