@@ -75,8 +75,13 @@ pub struct PerfParams {
     pub cq_mod: u32,
     /// Bandwidth runs: work requests per `post_send` call, at most (perftest -l).
     pub post_list: u32,
-    /// Run for this long instead of `iters` (perftest -D).
+    /// Run for this long instead of `iters` (perftest -D); only what
+    /// completes between `margin` after the start and `margin` before the
+    /// end counts (see [`DurationClock`]).
     pub duration: Option<Duration>,
+    /// perftest's -f: the warm-up and wind-down left out of a `duration`
+    /// run's figure (perftest's default is a quarter of the duration).
+    pub margin: Duration,
     /// Give up when no completion arrives for this long.
     pub timeout: Duration,
     /// Poll the CQ in a loop instead of waiting on it between polls, as
@@ -104,6 +109,7 @@ impl PerfParams {
             cq_mod: 1,
             post_list: 32,
             duration: None,
+            margin: Duration::ZERO,
             timeout: Duration::from_secs(10),
             spin: false,
             peak: true,
@@ -160,6 +166,21 @@ impl PerfResult {
             return 0.0;
         }
         self.iters as f64 / s / 1e6
+    }
+    /// A duration latency run's figures, as perftest's report for one: the
+    /// average time per operation in µs (half the round trip for SEND and
+    /// WRITE, whose tests are ping-pongs) and operations per second.
+    pub fn duration_lat(&self) -> (f64, f64) {
+        let s = self.elapsed.as_secs_f64();
+        if self.iters == 0 || s == 0.0 {
+            return (0.0, 0.0);
+        }
+        let per_rtt = match self.op {
+            PerfOp::Send | PerfOp::Write => 2.0,
+            _ => 1.0,
+        };
+        let n = self.iters as f64;
+        (s * 1e6 / per_rtt / n, n / s)
     }
     /// (min, typical = median, average, p99, max) of the latency samples.
     pub fn lat_summary(&self) -> Option<(f64, f64, f64, f64, f64)> {
@@ -274,11 +295,81 @@ fn op_for(p: &PerfParams, remote: &RemoteBuf, i: u64) -> SendOp {
     }
 }
 
-fn stop_at(p: &PerfParams, start: Instant, done: u64) -> bool {
-    match p.duration {
-        Some(d) => start.elapsed() >= d,
-        None => done >= p.iters,
+/// perftest's `-D` clock (its START, SAMPLE, STOP_SAMPLE and END states): a
+/// run lasts `duration`, and only what completes between `margin` after its
+/// start and `margin` before its end counts, so ramp-up and wind-down stay
+/// out of the figure.
+#[derive(Debug, Clone, Copy)]
+pub struct DurationClock {
+    start: Instant,
+    duration: Duration,
+    margin: Duration,
+    // (when, operations done) as the window opened and as it closed.
+    opened: Option<(Instant, u64)>,
+    closed: Option<(Instant, u64)>,
+}
+
+impl DurationClock {
+    /// A `duration` run's clock, or none for a run of `iters`.
+    pub fn of(p: &PerfParams) -> Option<DurationClock> {
+        p.duration.map(|duration| DurationClock {
+            start: Instant::now(),
+            duration,
+            margin: p.margin,
+            opened: None,
+            closed: None,
+        })
     }
+
+    /// Notes `done` (operations complete so far) against the clock; true
+    /// once the run is over.
+    pub fn tick(&mut self, done: u64) -> bool {
+        let now = Instant::now();
+        let t = now.duration_since(self.start);
+        if self.opened.is_none() && t >= self.margin {
+            self.opened = Some((now, done));
+        }
+        if self.closed.is_none() && t >= self.duration.saturating_sub(self.margin) {
+            self.opened.get_or_insert((now, done));
+            self.closed = Some((now, done));
+        }
+        self.over()
+    }
+
+    /// The run's time is up (no note taken).
+    pub fn over(&self) -> bool {
+        self.start.elapsed() >= self.duration
+    }
+
+    /// Operations completed inside the window, and its length; a run that
+    /// stopped early (its peer's time ran out first) closes it at `done`.
+    pub fn sampled(&mut self, done: u64) -> (u64, Duration) {
+        self.tick(done);
+        if self.closed.is_none() {
+            let now = Instant::now();
+            self.opened.get_or_insert((now, done));
+            self.closed = Some((now, done));
+        }
+        match (self.opened, self.closed) {
+            (Some((t0, n0)), Some((t1, n1))) => (n1.saturating_sub(n0), t1.duration_since(t0)),
+            _ => (0, Duration::ZERO),
+        }
+    }
+}
+
+/// Room for a run's latency samples: none in a `duration` run (its figure
+/// is the window's average), else one per iteration.
+fn sample_room(p: &PerfParams) -> usize {
+    if p.duration.is_some() {
+        0
+    } else {
+        usize::try_from(p.iters).unwrap_or(0).min(1 << 24)
+    }
+}
+
+/// A finished run's count and time: a `duration` run's window, else all of it.
+fn measured(clock: Option<&mut DurationClock>, done: u64, start: Instant) -> (u64, Duration) {
+    clock.map_or((done, start.elapsed()), |c| c.sampled(done))
 }
 
 /// Bytes per second in perftest's report unit: MiB/s, or Gbit/s.
@@ -356,16 +447,21 @@ pub fn bw_requester(
         (Vec::new(), Vec::new())
     };
     let start = Instant::now();
+    let mut clock = DurationClock::of(p);
     let mut last_progress = Instant::now();
+    let mut ended = false;
     loop {
-        let stopping = stop_at(p, start, posted);
+        if let Some(c) = clock.as_mut() {
+            ended = ended || c.tick(done);
+        }
+        let stopping = ended || posted >= p.iters;
         if stopping && done == posted {
             break;
         }
         let mut batch = Vec::new();
         while !stopping
             && posted - done < u64::from(p.tx_depth)
-            && !stop_at(p, start, posted)
+            && posted < p.iters
             && batch.len() < p.post_list.max(1) as usize
         {
             let off = (posted % local_slots) * slot + grh;
@@ -409,15 +505,15 @@ pub fn bw_requester(
             last_progress = Instant::now();
         } else if last_progress.elapsed() > p.timeout {
             return Err(Error::Timeout(p.timeout, "bandwidth completions"));
-        } else if posted - done >= u64::from(p.tx_depth) || stop_at(p, start, posted) {
+        } else if posted - done >= u64::from(p.tx_depth) || stopping {
             idle(cq, p, p.timeout.min(Duration::from_millis(5)));
         }
     }
-    let elapsed = start.elapsed();
+    let (iters, elapsed) = measured(clock.as_mut(), done, start);
     Ok(PerfResult {
         op: p.op,
         size,
-        iters: done,
+        iters,
         elapsed,
         lat_us: Vec::new(),
         peak_bytes_per_sec: if timed {
@@ -601,12 +697,17 @@ pub fn send_lat_from(
         wr.ud = to;
         qp.post_send(&[wr])
     };
+    let start = Instant::now();
+    let mut clock = DurationClock::of(p);
+    let run = clock;
     // Completions are counted as they come: a receive may complete in the
     // same poll as a send (the answer overtaking the local completion).
+    // False when a duration run's time ran out first (the peer's may have
+    // run out a little earlier: it stops answering).
     let mut recvs = 0u64;
     let mut sends = 0u64;
     let mut wcs = Vec::with_capacity(4);
-    let mut wait_for = |want_recvs: u64, want_sends: u64| -> Result<()> {
+    let mut wait_for = |want_recvs: u64, want_sends: u64| -> Result<bool> {
         let deadline = Instant::now() + p.timeout;
         while recvs < want_recvs || sends < want_sends {
             wcs.clear();
@@ -620,44 +721,58 @@ pub fn send_lat_from(
                 }
             }
             if wcs.is_empty() {
+                if run.as_ref().is_some_and(DurationClock::over) {
+                    return Ok(false);
+                }
                 if Instant::now() > deadline {
                     return Err(Error::Timeout(p.timeout, "a ping-pong message"));
                 }
                 idle(cq, p, Duration::from_millis(1));
             }
         }
-        Ok(())
+        Ok(true)
     };
-    let mut lat = Vec::with_capacity(p.iters as usize);
+    let mut lat = Vec::with_capacity(sample_room(p));
     let mut want_sends = 0u64;
-    let start = Instant::now();
-    for i in 0..p.iters {
+    let mut i = 0u64;
+    while i < p.iters && !clock.as_mut().is_some_and(|c| c.tick(i)) {
         let t = Instant::now();
-        if client {
+        let answered = if client {
             send(i)?;
             if signaled(i) {
                 want_sends += 1;
-                wait_for(i, want_sends)?;
             }
-            wait_for(i + 1, want_sends)?;
-            post_recv()?;
+            wait_for(i + 1, want_sends)? && {
+                post_recv()?;
+                true
+            }
         } else {
-            wait_for(i + 1, want_sends)?;
-            post_recv()?;
-            send(i)?;
-            if signaled(i) {
-                want_sends += 1;
-                wait_for(i + 1, want_sends)?;
+            wait_for(i + 1, want_sends)? && {
+                post_recv()?;
+                send(i)?;
+                if signaled(i) {
+                    want_sends += 1;
+                }
+                wait_for(i + 1, want_sends)?
             }
+        };
+        if !answered {
+            break;
         }
-        lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+        if clock.is_none() {
+            lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+        }
+        i += 1;
     }
-    wait_for(p.iters, want_sends)?;
+    if clock.is_none() {
+        wait_for(p.iters, want_sends)?;
+    }
+    let (iters, elapsed) = measured(clock.as_mut(), i, start);
     Ok(PerfResult {
         op: PerfOp::Send,
         size,
-        iters: p.iters,
-        elapsed: start.elapsed(),
+        iters,
+        elapsed,
         lat_us: lat,
         peak_bytes_per_sec: None,
     })
@@ -674,10 +789,12 @@ pub fn op_lat(
 ) -> Result<PerfResult> {
     let size = if p.op.is_atomic() { 8 } else { p.size };
     let sge = [mr.sge(0, size)];
-    let mut lat = Vec::with_capacity(p.iters as usize);
+    let mut lat = Vec::with_capacity(sample_room(p));
     let start = Instant::now();
+    let mut clock = DurationClock::of(p);
     let mut wcs = Vec::with_capacity(1);
-    for i in 0..p.iters {
+    let mut i = 0u64;
+    while i < p.iters && !clock.as_mut().is_some_and(|c| c.tick(i)) {
         let t = Instant::now();
         let mut wr = SendWr::new(i, op_for(p, remote, 0), &sge);
         wr.flags.signaled = true;
@@ -691,13 +808,17 @@ pub fn op_lat(
             idle(cq, p, Duration::from_millis(1));
         }
         check_wc(&wcs[0])?;
-        lat.push(t.elapsed().as_secs_f64() * 1e6);
+        if clock.is_none() {
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        i += 1;
     }
+    let (iters, elapsed) = measured(clock.as_mut(), i, start);
     Ok(PerfResult {
         op: p.op,
         size,
-        iters: p.iters,
-        elapsed: start.elapsed(),
+        iters,
+        elapsed,
         lat_us: lat,
         peak_bytes_per_sec: None,
     })
@@ -725,17 +846,24 @@ pub fn write_lat(
     let post_at = u64::from(size) - 1;
     let poll_at = recv_offset + u64::from(size) - 1;
     let sge = [mr.sge(0, size)];
-    let mut lat = Vec::with_capacity(p.iters as usize);
+    let mut lat = Vec::with_capacity(sample_room(p));
     let mut wcs = Vec::with_capacity(4);
     let start = Instant::now();
-    let wait_for_peer = |n: u64| -> Result<()> {
+    let mut clock = DurationClock::of(p);
+    let run = clock;
+    // False when a duration run's time ran out first (the peer stops
+    // writing when its own runs out).
+    let wait_for_peer = |n: u64| -> Result<bool> {
         let want = n as u8;
         let deadline = Instant::now() + p.timeout;
         let mut b = [0u8; 1];
         loop {
             mr.read(poll_at, &mut b)?;
             if b[0] == want {
-                return Ok(());
+                return Ok(true);
+            }
+            if run.as_ref().is_some_and(DurationClock::over) {
+                return Ok(false);
             }
             if Instant::now() > deadline {
                 return Err(Error::Timeout(p.timeout, "the peer's WRITE"));
@@ -750,10 +878,14 @@ pub fn write_lat(
         }
     };
     let mut sends_done = 0u64;
-    for i in 1..=p.iters {
+    // Iterations done (the starter's first only starts the ping-pong).
+    let mut posted = 0u64;
+    let mut rounds = 0u64;
+    while posted < p.iters && !clock.as_mut().is_some_and(|c| c.tick(rounds)) {
+        let i = posted + 1;
         let t = Instant::now();
-        if !starts || i > 1 {
-            wait_for_peer(if starts { i - 1 } else { i })?;
+        if (!starts || i > 1) && !wait_for_peer(if starts { i - 1 } else { i })? {
+            break;
         }
         mr.write(post_at, &[i as u8])?;
         let mut wr = SendWr::new(
@@ -766,6 +898,7 @@ pub fn write_lat(
         );
         wr.flags.signaled = true;
         qp.post_send(&[wr])?;
+        posted = i;
         // Reap send completions as they come; the CQ must not fill up.
         wcs.clear();
         cq.poll(4, &mut wcs)?;
@@ -773,15 +906,17 @@ pub fn write_lat(
             check_wc(wc)?;
             sends_done += 1;
         }
-        // The starter's first iteration only starts the ping-pong.
         if !starts || i > 1 {
-            lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+            rounds += 1;
+            if clock.is_none() {
+                lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+            }
         }
     }
-    if starts {
+    if starts && clock.is_none() {
         wait_for_peer(p.iters)?;
     }
-    while sends_done < p.iters {
+    while sends_done < posted {
         wcs.clear();
         let n = cq.poll(4, &mut wcs)?;
         for wc in &wcs {
@@ -792,11 +927,16 @@ pub fn write_lat(
             cq.wait(p.timeout)?;
         }
     }
+    let (iters, elapsed) = if clock.is_some() {
+        measured(clock.as_mut(), rounds, start)
+    } else {
+        (p.iters, start.elapsed())
+    };
     Ok(PerfResult {
         op: PerfOp::Write,
         size,
-        iters: p.iters,
-        elapsed: start.elapsed(),
+        iters,
+        elapsed,
         lat_us: lat,
         peak_bytes_per_sec: None,
     })

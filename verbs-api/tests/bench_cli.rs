@@ -657,3 +657,80 @@ fn unsupported_combinations_are_refused() {
         assert!(err.contains(says), "{args:?}: {err}");
     }
 }
+
+/// perftest's `-D`: every latency test runs for the duration and prints its
+/// duration line (the average and the rate over the window); a bandwidth
+/// run's figure covers only the window between the margins (`-f`), and a
+/// margin that leaves no window is refused with perftest's words. (A
+/// latency `-D` run used to abort: it sized its sample list for u64::MAX
+/// iterations.)
+#[test]
+fn duration_runs_measure_between_the_margins() {
+    for (i, args) in [
+        &["write", "--lat", "-D", "2"][..],
+        &["send", "--lat", "-D", "2"][..],
+        &["read", "--lat", "-D", "2"][..],
+        &["atomic", "--lat", "-D", "2"][..],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let table = [args, &[TABLE]].concat();
+        let (c, s) = pair(&table, port(90 + i as u16));
+        let out = String::from_utf8_lossy(&c.stdout);
+        assert!(
+            out.contains(" #bytes        #iterations       t_avg[usec]    tps average"),
+            "{args:?}: {out}"
+        );
+        let row: Vec<f64> = out
+            .lines()
+            .rev()
+            .find_map(|l| {
+                let v: Vec<f64> = l
+                    .split_whitespace()
+                    .filter_map(|w| w.parse().ok())
+                    .collect();
+                (v.len() == 4).then_some(v)
+            })
+            .unwrap_or_else(|| panic!("{args:?}: no result row in {out}"));
+        let (iters, t_avg, tps) = (row[1], row[2], row[3]);
+        assert!(iters > 0.0 && t_avg > 0.0 && tps > 0.0, "{args:?}: {out}");
+        // The rate is the iterations over the window: one round trip each,
+        // two halves of it for the ping-pongs (send, write).
+        let halves = if args[0] == "send" || args[0] == "write" {
+            2.0
+        } else {
+            1.0
+        };
+        let rate = 1e6 / (t_avg * halves);
+        assert!((rate - tps).abs() <= 0.02 * tps, "{args:?}: {out}");
+        // Both sides of a ping-pong measure and print.
+        if halves == 2.0 {
+            assert!(String::from_utf8_lossy(&s.stdout).contains("tps average"));
+        }
+    }
+    // A 3 s run with 1 s margins measures one second; without -f the margin
+    // is a quarter of the duration (0 s of a 1 s run).
+    for (i, (args, window)) in [
+        (&["write", "-s", "4096", "-D", "3", "-f", "1"][..], 1.0),
+        (&["write", "-s", "4096", "-D", "1"][..], 1.0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (c, _) = pair(args, port(95 + i as u16));
+        let r = &lines(&c)[0];
+        let secs = r["seconds"].as_f64().unwrap();
+        assert!(
+            (window * 0.9..window * 1.3).contains(&secs),
+            "{args:?}: {r}"
+        );
+        assert!(r["iterations"].as_u64().unwrap() > 0, "{args:?}: {r}");
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_ferroce"))
+        .args(["bench", "write", "-D", "4", "-f", "2", "127.0.0.1"])
+        .output()
+        .expect("run ferroce");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("please check that DURATION > 2*MARGIN"));
+}

@@ -101,9 +101,14 @@ pub struct Args {
     /// TCP port of the out-of-band exchange.
     #[arg(short = 'p', long, default_value_t = 18515)]
     pub port: u16,
-    /// Run each size for this many seconds instead of -n iterations.
+    /// Run each size for this many seconds instead of -n iterations; the
+    /// figure covers all but the first and last --margin seconds.
     #[arg(short = 'D', long)]
     pub duration: Option<u64>,
+    /// Seconds at each end of a -D run left out of its figure (perftest's
+    /// -f; by default a quarter of the duration, as perftest sets it).
+    #[arg(short = 'f', long)]
+    pub margin: Option<u64>,
     /// Report bandwidth in Gbit/s instead of MB/s.
     #[arg(long = "report_gbits")]
     pub report_gbits: bool,
@@ -396,6 +401,13 @@ fn ud_sizes(a: &Args, mtu: u32) -> Vec<u32> {
 }
 
 fn run_inner(a: &Args) -> Result<bool, String> {
+    // perftest checks this with or without -D (its duration defaults to 5 s).
+    if a.margin
+        .is_some_and(|m| a.duration.unwrap_or(5) <= m.saturating_mul(2))
+    {
+        println!("{RESULT_LINE}");
+        return Err("please check that DURATION > 2*MARGIN".into());
+    }
     if a.test() == Test::Send && a.duration.is_some() && !a.lat {
         // The receiver must know how many receives to post.
         return Err("send bandwidth needs -n (a duration run is not supported)".into());
@@ -664,7 +676,10 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             }
         }
         println!("{RESULT_LINE}");
-        if a.lat {
+        if a.lat && a.duration.is_some() {
+            // perftest 4.5's RESULT_FMT_LAT_DUR.
+            println!(" #bytes        #iterations       t_avg[usec]    tps average");
+        } else if a.lat {
             println!(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ");
         } else if a.report_gbits {
             println!(
@@ -703,6 +718,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         // Busy polling spins on the CQ between polls, as perftest does.
         p.spin = engine_mode(a) == EngineMode::Polling;
         p.duration = a.duration.map(Duration::from_secs);
+        p.margin = Duration::from_secs(a.margin.unwrap_or(a.duration.unwrap_or(0) / 4));
         if p.duration.is_some() {
             p.iters = u64::MAX;
         }
@@ -1455,6 +1471,10 @@ fn print_result(
     let mb = r.mb_per_sec() + peer_mb;
     let mpps = r.mpps() + peer_mpps;
     let gbits = mb * 8.0 / 1000.0;
+    if a.lat && a.duration.is_some() {
+        print_duration_lat(a, r, check, peer_is_ferroce);
+        return (0.0, 0.0);
+    }
     // perftest's columns: MB/sec there is MiB/s.
     let bw = r.perftest_bw(g) + peer_bw;
     let peak = r.perftest_peak(g) + peer_peak;
@@ -1506,6 +1526,33 @@ fn print_result(
         _ => print_row(r, peak, bw, mpps),
     }
     (bw, mpps)
+}
+
+/// A `-D` latency run's line: the window's average and rate, as perftest's
+/// print_report_lat_duration (its REPORT_FMT_LAT_DUR), or the JSON object.
+fn print_duration_lat(a: &Args, r: &PerfResult, check: &Check, peer_is_ferroce: bool) {
+    let (t_avg, tps) = r.duration_lat();
+    if a.json {
+        let v = serde_json::json!({
+            "test": a.title(),
+            "bytes": r.size,
+            "iterations": r.iters,
+            "seconds": r.elapsed.as_secs_f64(),
+            "data_verified": check.ok(),
+            "data_check": check.describe(),
+            "peer_is_ferroce": peer_is_ferroce,
+            "t_avg_us": t_avg,
+            "tps_average": tps,
+        });
+        println!("{v}");
+    } else if a.output == Some(OutputLevel::Latency) {
+        println!("{t_avg:.6}");
+    } else {
+        println!(
+            " {:<7}       {}            {t_avg:<7.2}        {tps:<7.2}",
+            r.size, r.iters
+        );
+    }
 }
 
 /// The latency samples `-H`/`-U` report: sorted, or with `-U` (and
