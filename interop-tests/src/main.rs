@@ -47,6 +47,10 @@ enum Cmd {
         /// with 30 a run lasted a third of a second, too short for a steady figure.
         #[arg(long, value_delimiter = ',', default_value = "300,100,300")]
         iters: Vec<u64>,
+        /// Run each bandwidth test this many seconds (perftest's `-D`; the first and last
+        /// quarter are left out of the figure) instead of `--iters`.
+        #[arg(long)]
+        duration: Option<u64>,
         /// Runs per measurement (the best counts).
         #[arg(long, default_value_t = 2)]
         repeat: usize,
@@ -135,6 +139,7 @@ fn run(cli: Cli) -> Result<ExitCode, ferroce_interop::Error> {
         Cmd::Speed {
             backends,
             iters,
+            duration,
             repeat,
             cpu,
             tests,
@@ -153,6 +158,7 @@ fn run(cli: Cli) -> Result<ExitCode, ferroce_interop::Error> {
                 ferroce: ferroce_interop::host::ferroce_bin()?,
                 backends,
                 iters: [a, b, c],
+                duration,
                 repeat: repeat.max(1),
                 tests,
                 host_pairs: !no_host,

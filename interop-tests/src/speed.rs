@@ -36,6 +36,9 @@ pub struct SpeedOptions {
     pub backends: Vec<String>,
     /// Iterations of the 64 KiB and 1 MiB WRITE bandwidth runs and the 8 B SEND latency runs.
     pub iters: [u64; 3],
+    /// Bandwidth tests run this many seconds each (perftest's `-D`, its
+    /// margins left out of the figure) instead of a number of iterations.
+    pub duration: Option<u64>,
     /// Each measurement is taken this many times; the best counts (noise from other load).
     pub repeat: usize,
     /// Which tests to run (`write_bw_64k`, `write_bw_1m`, `send_lat`); empty: all.
@@ -103,6 +106,23 @@ impl Test {
             Test::WriteBw64K => o.iters[0],
             Test::WriteBw1M => o.iters[1],
             Test::SendLat8 => o.iters[2],
+        }
+    }
+    /// [`Test::length`] for the report.
+    fn length_words(self, o: &SpeedOptions) -> String {
+        match o.duration {
+            Some(d) if !self.is_lat() => {
+                format!("{d} s (`-D {d}`, a quarter of it left out at each end)")
+            }
+            _ => format!("{} iterations", self.iters(o)),
+        }
+    }
+    /// How long a run lasts, in the arguments perftest and ferroce share:
+    /// `-D secs` for a bandwidth test when a duration is set, else `-n iters`.
+    fn length(self, o: &SpeedOptions) -> String {
+        match o.duration {
+            Some(d) if !self.is_lat() => format!("-D {d}"),
+            _ => format!("-n {}", self.iters(o)),
         }
     }
     /// Larger is better for bandwidth, smaller for latency.
@@ -215,11 +235,11 @@ pub fn run(o: &SpeedOptions) -> Result<String> {
     };
     let host_args = |t: Test| {
         format!(
-            "bench {} -d {} --backend afpacket -s {} -n {}",
+            "bench {} -d {} --backend afpacket -s {} {}",
             t.ferroce(),
             lab.host_iface(),
             t.size(),
-            t.iters(o)
+            t.length(o)
         )
     };
     for round in 0..o.repeat {
@@ -272,10 +292,10 @@ pub fn run(o: &SpeedOptions) -> Result<String> {
         for backend in &o.backends {
             for &t in &tests {
                 let base = format!(
-                    "{VM_FERROCE} bench {} -d eth0 --backend {backend} -s {} -n {}",
+                    "{VM_FERROCE} bench {} -d eth0 --backend {backend} -s {} {}",
                     t.ferroce(),
                     t.size(),
-                    t.iters(o)
+                    t.length(o)
                 );
                 // Busy polling on every side that polls a CQ, as perftest does: the client
                 // of a bandwidth run (its server is passive, left to the engine thread) and
@@ -314,7 +334,7 @@ fn load_rxe(vm: &RxeVm) -> Result<()> {
 }
 
 fn perftest_args(t: Test, o: &SpeedOptions) -> String {
-    format!("-x 1 -F -s {} -n {}", t.size(), t.iters(o))
+    format!("-x 1 -F -s {} {}", t.size(), t.length(o))
 }
 
 /// Server in `srv`, client in `cli` (same command, the client given the server's address).
@@ -382,8 +402,8 @@ fn render(
          (host): `ferroce bench` on `veth-h` (AF_PACKET). Bandwidth: the client's BW average \
          (MB/s); latency: t_typical (µs, half the round trip). Best and median of {} rounds, each \
          running every pair in turn (rxe reloaded between rounds); the target column judges the \
-         best against rxe's best and the median against rxe's median. Iterations: {} × 64 KiB, \
-         {} × 1 MiB, {} × 8 B. Host load average before/after: \
+         best against rxe's best and the median against rxe's median. Run length: {}, \
+         {} (64 KiB, 1 MiB bandwidth), {} × 8 B. Host load average before/after: \
          {} / {} (2 host cores shared with other work: figures are noisy, compare within the \
          run). Under TCG both stacks run emulated, so the ratio measures instructions executed \
          per byte/packet plus the cost of waking each VM, not what hardware would show. CRC32: \
@@ -395,8 +415,8 @@ fn render(
         took.as_secs_f64(),
         o.vm.cpu.as_deref().unwrap_or("qemu64"),
         o.repeat,
-        o.iters[0],
-        o.iters[1],
+        Test::WriteBw64K.length_words(o),
+        Test::WriteBw1M.length_words(o),
         o.iters[2],
         load_before,
         load_after

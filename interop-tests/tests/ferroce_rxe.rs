@@ -988,6 +988,32 @@ fn perftest_extra(o: &Outcome) -> Result<String, String> {
     Ok(check)
 }
 
+/// [`perftest_extra`] for `-D` runs: the stock tool and ferroce each printed
+/// a results line with iterations counted in the window, latency tests in
+/// perftest's duration form (`t_avg`, `tps average`).
+fn perftest_duration_extra(o: &Outcome) -> Result<String, String> {
+    let check = perftest_extra(o)?;
+    let counted = |text: &str| {
+        text.lines().rev().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.first()?.parse::<u64>().ok()?;
+            f.get(1)?.parse::<u64>().ok()
+        })
+    };
+    let (vm, host) = (o.vm.stdout_str(), o.host.stdout_str());
+    let lat = vm.contains("Latency Test");
+    for (who, text) in [("the stock tool", &vm), ("ferroce", &host)] {
+        match counted(text) {
+            Some(n) if n > 0 => {}
+            got => return Err(format!("{who} counted {got:?} iterations")),
+        }
+        if lat && !text.contains("t_avg[usec]    tps average") {
+            return Err(format!("{who} printed no duration header"));
+        }
+    }
+    Ok(check)
+}
+
 /// [`perftest_extra`], and both sides printed the same two-way sum: a
 /// bidirectional run's reports crossed.
 fn perftest_bidi_extra(o: &Outcome) -> Result<String, String> {
@@ -1444,12 +1470,47 @@ fn perftest_atomic_lat_interop() {
         case.operation = label.into();
         rows.extend(judge_both(&mut env, case, perftest_extra));
     }
+    // Duration runs (`-D`): perftest measures between its margins and prints
+    // a latency test's average and rate; both roles, both sides must count.
+    for (tool, test, label, args, ops) in [
+        (
+            "ib_write_lat",
+            "write --lat",
+            "WRITE lat -D 3",
+            "-m 1024 -s 64 -D 3",
+            &[0x0au8][..],
+        ),
+        (
+            "ib_send_lat",
+            "send --lat",
+            "SEND lat -D 3",
+            "-m 1024 -s 64 -D 3",
+            &[0x04],
+        ),
+        (
+            "ib_write_bw",
+            "write",
+            "WRITE bw 64 KiB -D 4 -f 1",
+            "-m 4096 -s 65536 -D 4 -f 1",
+            &[0x06, 0x07, 0x08],
+        ),
+    ] {
+        let set = PerfSet {
+            args,
+            ipv6: false,
+            what: "",
+        };
+        let mut case = perf_case(&env, tool, test, &set, ops).timeout(40);
+        case.operation = label.into();
+        rows.extend(judge_both(&mut env, case, perftest_duration_extra));
+    }
     finish(
         env,
         "perftest-atomic-lat",
         "## perftest atomic and latency tools ⇄ `ferroce bench`\n\nAtomics: both kinds, 1 QP \
          over IPv4 and 8 QPs over IPv6. Latency tools: 64 B × 10 at MTU 1024, also over UC \
-         (`-c UC`); `ib_send_lat -c UD` (1024 B × 10); `ib_send_lat -a` (every size, 2 B to 8 MiB, × 5).",
+         (`-c UC`); `ib_send_lat -c UD` (1024 B × 10); `ib_send_lat -a` (every size, 2 B to 8 MiB, × 5); \
+         duration runs (`-D`): `ib_write_lat`, `ib_send_lat` and `ib_write_bw` (with `-f 1`).",
         &rows,
     );
 }

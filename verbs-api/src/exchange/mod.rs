@@ -667,28 +667,58 @@ impl Wire {
         }
     }
 
-    /// Reads whatever the peer still sends (its `"done"`) until it closes or
-    /// a short wait ends, so our close does not reset the connection under
-    /// unread data. Failures are irrelevant here: the exchange is complete.
     /// Waits, as long as it takes, until the peer closes the connection
     /// (what it sends meanwhile is read and dropped).
     pub(crate) fn wait_closed(&mut self, step: &'static str) -> Result<(), ExchangeError> {
+        self.wait_closed_within(step, None).map(|_| ())
+    }
+
+    /// [`Self::wait_closed`] for at most `limit` (None: no limit); true if
+    /// the peer closed.
+    pub(crate) fn wait_closed_within(
+        &mut self,
+        step: &'static str,
+        limit: Option<Duration>,
+    ) -> Result<bool, ExchangeError> {
         self.stream
-            .set_read_timeout(None)
+            .set_read_timeout(limit)
             .map_err(|e| self.io_err(step, e))?;
         let mut sink = [0u8; 64];
         loop {
             match self.stream.read(&mut sink) {
-                Ok(0) => return Ok(()),
+                Ok(0) => return Ok(true),
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 // A reset is the peer gone too (killed with unread data).
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Ok(true),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Ok(false)
+                }
                 Err(e) => return Err(self.io_err(step, e)),
             }
         }
     }
 
+    /// Says we are done (half-closes our side), then waits up to `limit`
+    /// for the peer to close its side; true if it did.
+    pub(crate) fn linger(
+        &mut self,
+        step: &'static str,
+        limit: Duration,
+    ) -> Result<bool, ExchangeError> {
+        // Already shut or reset: the wait below sees that at once.
+        let _ = self.stream.shutdown(std::net::Shutdown::Write);
+        self.wait_closed_within(step, Some(limit))
+    }
+
+    /// Reads whatever the peer still sends (its `"done"`) until it closes or
+    /// a short wait ends, so our close does not reset the connection under
+    /// unread data. Failures are irrelevant here: the exchange is complete.
     pub(crate) fn drain_briefly(&mut self) {
         let _ = self
             .stream

@@ -446,6 +446,17 @@ impl PerftestConn {
             .wait_closed("perftest: wait for the peer to stop (run_infinitely)")
     }
 
+    /// The end of an `ib_write_lat` duration run, which has no closing
+    /// hand-shake: when its time is up perftest leaves its wait for our
+    /// WRITE, posts one more WRITE and waits for that to complete (rxe
+    /// resends it without end: retry count 7 is unlimited there), then
+    /// closes. So the QP must outlive the peer's run: we half-close and wait
+    /// up to `limit` for the peer to close (another ferroce does the same).
+    pub fn linger(&mut self, limit: Duration) -> Result<bool, ExchangeError> {
+        self.wire
+            .linger("perftest: wait for the peer's end of test", limit)
+    }
+
     /// `ctx_close_connection`: a barrier hand-shake, then `"done\0"`, then
     /// close. Like perftest we do not require the peer's `"done"`, but we
     /// read it briefly so closing does not reset the connection.

@@ -790,7 +790,14 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     }
     if write_lat {
         // ib_write_lat just closes its socket after the run (no closing
-        // hand-shake, no "done"; seen on the wire).
+        // hand-shake, no "done"; seen on the wire). A duration run ends on
+        // each side's own clock, and the peer's last WRITE needs our QP.
+        if a.duration.is_some() {
+            session
+                .conn
+                .linger(WRITE_LAT_LINGER)
+                .map_err(|e| e.to_string())?;
+        }
         drop(session);
     } else if a.lat || a.test() == Test::Send || a.bidirectional {
         session.finish().map_err(|e| e.to_string())?;
@@ -914,6 +921,10 @@ fn bw_report(a: &Args, res: &PerfResult) -> BwReport {
 /// A passive server (WRITE/READ/atomic) never polls its CQ, so only an
 /// engine thread can answer for it; busy polling applies to the side that
 /// loops on its CQ.
+/// How long the end of an `ib_write_lat -D` run waits for the peer's end
+/// (perftest's comes within one round trip of its clock running out).
+const WRITE_LAT_LINGER: Duration = Duration::from_secs(10);
+
 fn engine_mode(a: &Args) -> EngineMode {
     let actively_polls = a.servername.is_some() || a.test() == Test::Send || a.bidirectional;
     if a.busy_poll && actively_polls {
