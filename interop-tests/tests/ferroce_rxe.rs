@@ -1494,6 +1494,13 @@ fn perftest_atomic_lat_interop() {
             "-m 4096 -s 65536 -D 4 -f 1",
             &[0x06, 0x07, 0x08],
         ),
+        (
+            "ib_send_bw",
+            "send",
+            "SEND bw 64 KiB -D 4 -f 1",
+            "-m 4096 -s 65536 -D 4 -f 1",
+            &[0x00, 0x01, 0x02],
+        ),
     ] {
         let set = PerfSet {
             args,
@@ -1510,7 +1517,8 @@ fn perftest_atomic_lat_interop() {
         "## perftest atomic and latency tools ⇄ `ferroce bench`\n\nAtomics: both kinds, 1 QP \
          over IPv4 and 8 QPs over IPv6. Latency tools: 64 B × 10 at MTU 1024, also over UC \
          (`-c UC`); `ib_send_lat -c UD` (1024 B × 10); `ib_send_lat -a` (every size, 2 B to 8 MiB, × 5); \
-         duration runs (`-D`): `ib_write_lat`, `ib_send_lat` and `ib_write_bw` (with `-f 1`).",
+         duration runs (`-D`): `ib_write_lat`, `ib_send_lat`, `ib_write_bw` and `ib_send_bw` \
+         (the last two with `-f 1`).",
         &rows,
     );
 }

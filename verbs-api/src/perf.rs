@@ -503,6 +503,11 @@ pub fn bw_requester(
         }
         if n > 0 {
             last_progress = Instant::now();
+        } else if ended && last_progress.elapsed() > REQUESTER_DRAIN_QUIET {
+            // perftest leaves what is still out when its time is up; a
+            // receiver whose own time ran out first may leave a SEND
+            // without a receive for good.
+            break;
         } else if last_progress.elapsed() > p.timeout {
             return Err(Error::Timeout(p.timeout, "bandwidth completions"));
         } else if posted - done >= u64::from(p.tx_depth) || stopping {
@@ -524,15 +529,24 @@ pub fn bw_requester(
     })
 }
 
+/// What a SEND bandwidth receiver counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Received {
+    /// Messages received (a `duration` run: inside its window).
+    pub messages: u64,
+    /// A `duration` run's window (else the caller times the run).
+    pub window: Option<Duration>,
+}
+
 /// Bandwidth, SEND receiver side: keep receives posted and count `iters`
-/// messages (or until `stop` says so). Returns the count received.
+/// messages, or, in a `duration` run, those of its window.
 pub fn bw_receiver(
     qp: &QueuePair<'_>,
     cq: &CompletionQueue,
     mr: &MemoryRegion<'_>,
     p: &PerfParams,
     rx_depth: u32,
-) -> Result<u64> {
+) -> Result<Received> {
     let posted = bw_prepost(qp, mr, p, rx_depth)?;
     bw_receiver_from(qp, cq, mr, p, posted)
 }
@@ -571,6 +585,16 @@ pub fn bw_prepost(
     Ok(n)
 }
 
+/// A duration run's requester, its time up, stops waiting for what is
+/// still out once nothing has completed for this long.
+const REQUESTER_DRAIN_QUIET: Duration = Duration::from_secs(1);
+
+/// A duration run's receiver, its time up, stops once the sender has been
+/// quiet this long: the sender runs on its own clock and may still be
+/// sending, and its messages need receives (over RC an empty queue costs it
+/// RNR NAKs it retries without end).
+const RECEIVER_DRAIN_QUIET: Duration = Duration::from_millis(300);
+
 /// [`bw_receiver`] after [`bw_prepost`] posted `posted` receives.
 pub fn bw_receiver_from(
     qp: &QueuePair<'_>,
@@ -578,12 +602,18 @@ pub fn bw_receiver_from(
     mr: &MemoryRegion<'_>,
     p: &PerfParams,
     mut posted: u64,
-) -> Result<u64> {
+) -> Result<Received> {
     let post = |i: u64| post_bw_recv(qp, mr, p, i);
+    let start = Instant::now();
+    let mut clock = DurationClock::of(p);
+    let mut ended = false;
     let mut got = 0u64;
     let mut wcs = Vec::with_capacity(64);
     let mut last = Instant::now();
     while got < p.iters {
+        if let Some(c) = clock.as_mut() {
+            ended = ended || c.tick(got);
+        }
         wcs.clear();
         let n = cq.poll(64, &mut wcs)?;
         for wc in &wcs {
@@ -595,12 +625,15 @@ pub fn bw_receiver_from(
             }
         }
         if n == 0 {
+            if ended && last.elapsed() > RECEIVER_DRAIN_QUIET {
+                break;
+            }
             if last.elapsed() > p.timeout {
                 // UC and UD do not resend a lost message: after a quiet
                 // time-out the count so far is the result (perftest's server
                 // gives up the same way). RC delivers all or fails.
                 if matches!(qp.qp_type(), QpType::Uc | QpType::Ud) && got > 0 {
-                    return Ok(got);
+                    break;
                 }
                 return Err(Error::Timeout(p.timeout, "SEND messages"));
             }
@@ -609,7 +642,12 @@ pub fn bw_receiver_from(
             last = Instant::now();
         }
     }
-    Ok(got)
+    let window = clock.is_some();
+    let (messages, elapsed) = measured(clock.as_mut(), got, start);
+    Ok(Received {
+        messages,
+        window: window.then_some(elapsed),
+    })
 }
 
 /// perftest's CQ moderation (`DEF_CQ_MOD`): only every 100th send is

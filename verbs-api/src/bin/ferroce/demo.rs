@@ -336,7 +336,8 @@ fn run_tests(ca: &Context, cb: &Context) -> Result<Vec<Row>, ferroce_verbs::Erro
                     });
                     client.and_then(|c| got.map(|g| (c, g)))
                 })?;
-                let ok = res.1 == iters && perf::check_pattern(&m.b, 0, span, pat)?.is_none();
+                let ok =
+                    res.1.messages == iters && perf::check_pattern(&m.b, 0, span, pat)?.is_none();
                 bw_row(name, &res.0, ok)
             }
             (_, false) => {
