@@ -1491,15 +1491,7 @@ fn print_result(
     let bw = r.perftest_bw(g) + peer_bw;
     let peak = r.perftest_peak(g) + peer_peak;
     if a.json {
-        let mut v = serde_json::json!({
-            "test": a.title(),
-            "bytes": r.size,
-            "iterations": r.iters,
-            "seconds": r.elapsed.as_secs_f64(),
-            "data_verified": check.ok(),
-            "data_check": check.describe(),
-            "peer_is_ferroce": peer_is_ferroce,
-        });
+        let mut v = result_json(a, r, check, peer_is_ferroce);
         if let Some((min, typ, avg, p99, max)) = r.lat_summary() {
             if a.histogram || a.unsorted {
                 v["samples_us"] = samples(a, r).into();
@@ -1540,22 +1532,32 @@ fn print_result(
     (bw, mpps)
 }
 
+/// The fields every `--json` result line has.
+fn result_json(
+    a: &Args,
+    r: &PerfResult,
+    check: &Check,
+    peer_is_ferroce: bool,
+) -> serde_json::Value {
+    serde_json::json!({
+        "test": a.title(),
+        "bytes": r.size,
+        "iterations": r.iters,
+        "seconds": r.elapsed.as_secs_f64(),
+        "data_verified": check.ok(),
+        "data_check": check.describe(),
+        "peer_is_ferroce": peer_is_ferroce,
+    })
+}
+
 /// A `-D` latency run's line: the window's average and rate, as perftest's
 /// print_report_lat_duration (its REPORT_FMT_LAT_DUR), or the JSON object.
 fn print_duration_lat(a: &Args, r: &PerfResult, check: &Check, peer_is_ferroce: bool) {
     let (t_avg, tps) = r.duration_lat();
     if a.json {
-        let v = serde_json::json!({
-            "test": a.title(),
-            "bytes": r.size,
-            "iterations": r.iters,
-            "seconds": r.elapsed.as_secs_f64(),
-            "data_verified": check.ok(),
-            "data_check": check.describe(),
-            "peer_is_ferroce": peer_is_ferroce,
-            "t_avg_us": t_avg,
-            "tps_average": tps,
-        });
+        let mut v = result_json(a, r, check, peer_is_ferroce);
+        v["t_avg_us"] = t_avg.into();
+        v["tps_average"] = tps.into();
         println!("{v}");
     } else if a.output == Some(OutputLevel::Latency) {
         println!("{t_avg:.6}");
