@@ -216,6 +216,9 @@ pub fn run(o: &SpeedOptions) -> Result<String> {
                 }
             },
             Err(e) => {
+                if matches!(e, Error::Timeout { .. } | Error::Stalled { .. }) {
+                    print_console_tails(&[srv, cli]);
+                }
                 f.note = first_line(&e.to_string());
                 None
             }
@@ -342,8 +345,8 @@ fn vm_pair(srv: &RxeVm, cli: &RxeVm, cmd: &str) -> Result<Output> {
     vm_pair_cmds(srv, cli, cmd, &format!("{cmd} {}", srv.ip()))
 }
 
-/// A run that timed out may have wedged its VM (its agent stopped answering): what the
-/// guest kernel said last (a soft lockup, an RCU stall, a driver error) goes to stderr.
+/// A run that timed out (any pair: VM ⇄ VM or host ⇄ VM) may have wedged its VM (its agent
+/// stopped answering): what the guest kernel said last (a soft lockup, an RCU stall, a driver error) goes to stderr.
 fn print_console_tails(vms: &[&RxeVm]) {
     for vm in vms {
         eprintln!(
@@ -360,11 +363,7 @@ const CONSOLE_TAIL: usize = 20;
 fn vm_pair_cmds(srv: &RxeVm, cli: &RxeVm, server: &str, client: &str) -> Result<Output> {
     let job = srv.spawn(server)?;
     srv.wait_listening(PORT, Duration::from_secs(30))?;
-    let out = cli.run_timeout(client, RUN_TIMEOUT).inspect_err(|e| {
-        if matches!(e, Error::Timeout { .. } | Error::Stalled { .. }) {
-            print_console_tails(&[srv, cli]);
-        }
-    })?;
+    let out = cli.run_timeout(client, RUN_TIMEOUT)?;
     let server_out = job.wait_timeout(Duration::from_secs(30));
     // A failed server makes the run fail even when the client printed a figure.
     match server_out {
