@@ -346,7 +346,8 @@ fn vm_pair(srv: &RxeVm, cli: &RxeVm, cmd: &str) -> Result<Output> {
 }
 
 /// A run that timed out (any pair: VM ⇄ VM or host ⇄ VM) may have wedged its VM (its agent
-/// stopped answering): what the guest kernel said last (a soft lockup, an RCU stall, a driver error) goes to stderr.
+/// stopped answering): what the guest kernel said last (a soft lockup, an RCU stall, a driver
+/// error) goes to stderr.
 fn print_console_tails(vms: &[&RxeVm]) {
     for vm in vms {
         eprintln!(

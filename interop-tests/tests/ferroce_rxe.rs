@@ -1002,7 +1002,15 @@ fn perftest_duration_extra(o: &Outcome) -> Result<String, String> {
     };
     let (vm, host) = (o.vm.stdout_str(), o.host.stdout_str());
     let lat = vm.contains("Latency Test");
-    for (who, text) in [("the stock tool", &vm), ("ferroce", &host)] {
+    // A READ latency server only answers: it counts and prints nothing.
+    let passive_server = vm.contains("RDMA_Read Latency Test");
+    for (who, text, server) in [
+        ("the stock tool", &vm, !o.ferroce_server),
+        ("ferroce", &host, o.ferroce_server),
+    ] {
+        if server && passive_server {
+            continue;
+        }
         match counted(text) {
             Some(n) if n > 0 => {}
             got => return Err(format!("{who} counted {got:?} iterations")),
@@ -1501,6 +1509,20 @@ fn perftest_atomic_lat_interop() {
             "-m 4096 -s 65536 -D 4 -f 1",
             &[0x00, 0x01, 0x02],
         ),
+        (
+            "ib_read_bw",
+            "read",
+            "READ bw 64 KiB -D 4 -f 1",
+            "-m 4096 -s 65536 -D 4 -f 1",
+            &[0x0c, 0x0d, 0x0f],
+        ),
+        (
+            "ib_read_lat",
+            "read --lat",
+            "READ lat -D 3",
+            "-m 1024 -s 64 -D 3",
+            &[0x0c, 0x10],
+        ),
     ] {
         let set = PerfSet {
             args,
@@ -1517,8 +1539,8 @@ fn perftest_atomic_lat_interop() {
         "## perftest atomic and latency tools ⇄ `ferroce bench`\n\nAtomics: both kinds, 1 QP \
          over IPv4 and 8 QPs over IPv6. Latency tools: 64 B × 10 at MTU 1024, also over UC \
          (`-c UC`); `ib_send_lat -c UD` (1024 B × 10); `ib_send_lat -a` (every size, 2 B to 8 MiB, × 5); \
-         duration runs (`-D`): `ib_write_lat`, `ib_send_lat`, `ib_write_bw` and `ib_send_bw` \
-         (the last two with `-f 1`).",
+         duration runs (`-D`): `ib_write_lat`, `ib_send_lat`, `ib_read_lat`, `ib_write_bw`, \
+         `ib_send_bw` and `ib_read_bw` (the bandwidth tools with `-f 1`).",
         &rows,
     );
 }
