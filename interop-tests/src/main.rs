@@ -47,8 +47,8 @@ enum Cmd {
         /// with 30 a run lasted a third of a second, too short for a steady figure.
         #[arg(long, value_delimiter = ',', default_value = "300,100,300")]
         iters: Vec<u64>,
-        /// Run each bandwidth test this many seconds (perftest's `-D`; the first and last
-        /// quarter are left out of the figure) instead of `--iters`.
+        /// Run each bandwidth test this many seconds (perftest's `-D`; its margins, a quarter
+        /// of it in whole seconds, are left out of the figure) instead of `--iters`.
         #[arg(long)]
         duration: Option<u64>,
         /// Runs per measurement (the best counts).

@@ -37,7 +37,8 @@ pub struct SpeedOptions {
     /// Iterations of the 64 KiB and 1 MiB WRITE bandwidth runs and the 8 B SEND latency runs.
     pub iters: [u64; 3],
     /// Bandwidth tests run this many seconds each (perftest's `-D`, its
-    /// margins left out of the figure) instead of a number of iterations.
+    /// margins, a quarter of it in whole seconds, left out of the figure)
+    /// instead of a number of iterations.
     pub duration: Option<u64>,
     /// Each measurement is taken this many times; the best counts (noise from other load).
     pub repeat: usize,
@@ -112,7 +113,7 @@ impl Test {
     fn length_words(self, o: &SpeedOptions) -> String {
         match o.duration {
             Some(d) if !self.is_lat() => {
-                format!("{d} s (`-D {d}`, a quarter of it left out at each end)")
+                format!("{d} s (`-D {d}`; {} s left out at each end)", d / 4)
             }
             _ => format!("{} iterations", self.iters(o)),
         }

@@ -449,11 +449,9 @@ pub fn bw_requester(
     let start = Instant::now();
     let mut clock = DurationClock::of(p);
     let mut last_progress = Instant::now();
-    let mut ended = false;
     loop {
-        if let Some(c) = clock.as_mut() {
-            ended = ended || c.tick(done);
-        }
+        // Once over, a run's clock stays over.
+        let ended = clock.as_mut().is_some_and(|c| c.tick(done));
         let stopping = ended || posted >= p.iters;
         if stopping && done == posted {
             break;
@@ -606,14 +604,11 @@ pub fn bw_receiver_from(
     let post = |i: u64| post_bw_recv(qp, mr, p, i);
     let start = Instant::now();
     let mut clock = DurationClock::of(p);
-    let mut ended = false;
     let mut got = 0u64;
     let mut wcs = Vec::with_capacity(64);
     let mut last = Instant::now();
     while got < p.iters {
-        if let Some(c) = clock.as_mut() {
-            ended = ended || c.tick(got);
-        }
+        let ended = clock.as_mut().is_some_and(|c| c.tick(got));
         wcs.clear();
         let n = cq.poll(64, &mut wcs)?;
         for wc in &wcs {

@@ -1475,6 +1475,10 @@ fn print_result(
     check: &Check,
     peer_is_ferroce: bool,
 ) -> (f64, f64) {
+    if a.lat && a.duration.is_some() {
+        print_duration_lat(a, r, check, peer_is_ferroce);
+        return (0.0, 0.0);
+    }
     let g = a.report_gbits;
     let (peer_bw, peer_peak, peer_mpps) =
         peer.map_or((0.0, 0.0, 0.0), |p| (p.bw_avg, p.bw_peak, p.msg_rate_avg));
@@ -1483,10 +1487,6 @@ fn print_result(
     let mb = r.mb_per_sec() + peer_mb;
     let mpps = r.mpps() + peer_mpps;
     let gbits = mb * 8.0 / 1000.0;
-    if a.lat && a.duration.is_some() {
-        print_duration_lat(a, r, check, peer_is_ferroce);
-        return (0.0, 0.0);
-    }
     // perftest's columns: MB/sec there is MiB/s.
     let bw = r.perftest_bw(g) + peer_bw;
     let peak = r.perftest_peak(g) + peer_peak;
