@@ -145,6 +145,8 @@ struct Figure {
     value: Option<f64>,
     /// Every round's figure, in order.
     samples: Vec<f64>,
+    /// Every round's figure in order, `None` for a round that failed (pairs rounds with rxe's).
+    rounds: Vec<Option<f64>>,
     note: String,
 }
 
@@ -202,6 +204,7 @@ pub fn run(o: &SpeedOptions) -> Result<String> {
                     pair: pair.to_owned(),
                     value: None,
                     samples: Vec::new(),
+                    rounds: Vec::new(),
                     note: String::new(),
                 });
                 figures.len() - 1
@@ -219,11 +222,13 @@ pub fn run(o: &SpeedOptions) -> Result<String> {
             Err(e) => {
                 if matches!(e, Error::Timeout { .. } | Error::Stalled { .. }) {
                     print_console_tails(&[srv, cli]);
+                    check_vm_network(&lab, srv, cli);
                 }
                 f.note = first_line(&e.to_string());
                 None
             }
         };
+        f.rounds.push(got);
         if let Some(v) = got {
             f.samples.push(v);
             if f.value.is_none_or(|b| test.better(v, b)) {
@@ -359,6 +364,56 @@ fn print_console_tails(vms: &[&RxeVm]) {
     }
 }
 
+/// After a timeout: can the VMs still reach each other? Twice a VM has lost its network in
+/// a run (its peers then got "no route to host" for the rest of it) with nothing on its
+/// console; this prints what the guests and the bridge say of their links, and, if one VM
+/// cannot reach the other, takes its link down and up (which refills the virtio queues) and
+/// says whether that brought it back.
+fn check_vm_network(lab: &RxeLab, srv: &RxeVm, cli: &RxeVm) {
+    const STATE: &str = "ip -s link show eth0; ip neigh; grep virtio /proc/interrupts; \
+                         cat /proc/net/softnet_stat; dmesg | tail -n 8";
+    let short = Duration::from_secs(20);
+    for vm in [srv, cli] {
+        let text = vm
+            .run_timeout(STATE, short)
+            .map(|o| format!("{}{}", o.stdout_str(), o.stderr_str()))
+            .unwrap_or_else(|e| format!("(no answer: {e})"));
+        eprintln!("speed: VM {} network state:\n{text}", vm.name());
+    }
+    if let Ok(out) = lab
+        .command("sh")
+        .args(["-c", "ip -s link; bridge fdb show | grep -v permanent"])
+        .output()
+    {
+        eprintln!(
+            "speed: bridge side:\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    for (vm, peer) in [(srv, cli), (cli, srv)] {
+        let ping = format!("ping -c 2 -W 2 {}", peer.ip());
+        if vm.run_timeout(&ping, short).is_ok_and(|o| o.success()) {
+            continue;
+        }
+        let again = vm
+            .run_timeout(
+                &format!("ip link set eth0 down; ip link set eth0 up; sleep 2; {ping}"),
+                short,
+            )
+            .is_ok_and(|o| o.success());
+        eprintln!(
+            "speed: VM {} could not reach {}; after taking eth0 down and up: {}",
+            vm.name(),
+            peer.name(),
+            if again {
+                "reachable again"
+            } else {
+                "still unreachable"
+            }
+        );
+    }
+}
+
 /// Console lines shown for a VM when a run times out.
 const CONSOLE_TAIL: usize = 20;
 
@@ -403,7 +458,8 @@ fn render(
          (host): `ferroce bench` on `veth-h` (AF_PACKET). Bandwidth: the client's BW average \
          (MB/s); latency: t_typical (µs, half the round trip). Best and median of {} rounds, each \
          running every pair in turn (rxe reloaded between rounds); the target column judges the \
-         best against rxe's best and the median against rxe's median. Run length: {}, \
+         best against rxe's best and the median against rxe's median; the last column divides \
+         each round's figure by rxe ⇄ rxe's in the same round. Run length: {}, \
          {} (64 KiB, 1 MiB bandwidth), {} × 8 B. Host load average before/after: \
          {} / {} (2 host cores shared with other work: figures are noisy, compare within the \
          run). Under TCG both stacks run emulated, so the ratio measures instructions executed \
@@ -428,9 +484,9 @@ fn render(
     );
     let _ = writeln!(
         s,
-        "| test | pair | best | vs rxe ⇄ rxe | target | median | vs rxe ⇄ rxe | every round (same order for each pair) |"
+        "| test | pair | best | vs rxe ⇄ rxe | target | median | vs rxe ⇄ rxe | every round (same order for each pair) | ÷ rxe round by round (median) |"
     );
-    let _ = writeln!(s, "|---|---|---:|---:|---|---:|---:|---|");
+    let _ = writeln!(s, "|---|---|---:|---:|---|---:|---:|---|---|");
     for t in Test::ALL {
         let base = figures.iter().find(|f| f.test == t && f.pair == RXE_PAIR);
         let base_best = base.and_then(|f| f.value);
@@ -452,9 +508,13 @@ fn render(
                 ""
             };
             let rounds: Vec<String> = f.samples.iter().map(|v| format!("{v:.1}")).collect();
+            let paired = match base {
+                Some(b) if f.pair != RXE_PAIR => round_ratios(&f.rounds, &b.rounds),
+                _ => String::new(),
+            };
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 t.label(),
                 f.pair,
                 value,
@@ -462,7 +522,8 @@ fn render(
                 target,
                 med.map_or("–".into(), |m| format!("{m:.2} {unit}")),
                 ratio(med, base_median),
-                rounds.join(", ")
+                rounds.join(", "),
+                paired
             );
         }
     }
@@ -488,6 +549,22 @@ fn verdict(
         (Some(false), _) | (_, Some(false)) => "**not met**",
         (None, None) => "",
     }
+}
+
+/// Each round's figure over rxe ⇄ rxe's in the same round, and the median of those ratios:
+/// the host's load drifts over minutes, and a pair measured a minute after rxe shares more of
+/// its conditions than the run's best or median does.
+fn round_ratios(rounds: &[Option<f64>], base: &[Option<f64>]) -> String {
+    let ratios: Vec<f64> = rounds
+        .iter()
+        .zip(base)
+        .filter_map(|(v, b)| Some((*v)? / (*b)?))
+        .collect();
+    let Some(m) = median(&ratios) else {
+        return "–".into();
+    };
+    let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+    format!("{} ({m:.2}×)", each.join(", "))
 }
 
 /// The middle sample (the mean of the two middle ones for an even count).
@@ -569,5 +646,14 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
         assert_eq!(median(&[]), None);
+    }
+
+    #[test]
+    fn rounds_pair_with_rxe_rounds_and_skip_failures() {
+        // Round 2 of ferroce failed and round 3 of rxe: only rounds 1 and 4 pair up.
+        let f = [Some(60.0), None, Some(50.0), Some(90.0)];
+        let rxe = [Some(40.0), Some(30.0), None, Some(45.0)];
+        assert_eq!(round_ratios(&f, &rxe), "1.50, 2.00 (1.75×)");
+        assert_eq!(round_ratios(&[None], &[Some(1.0)]), "–");
     }
 }
