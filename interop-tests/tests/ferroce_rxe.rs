@@ -175,6 +175,9 @@ struct Case {
     via_proxy: bool,
     /// The run is meant to fail (error interop): exit statuses are left to the extra check.
     expect_error: bool,
+    /// perftest `-R`: the server listens on no TCP port (its CM waits on QP1), so the client
+    /// starts after a pause instead (a ferroce client also retries a REQ the CM refused).
+    rdma_cm: bool,
 }
 
 impl Case {
@@ -190,6 +193,7 @@ impl Case {
             timeout: Duration::from_secs(90),
             via_proxy: false,
             expect_error: false,
+            rdma_cm: false,
         }
     }
     fn op(mut self, operation: &str, params: &str, want_ops: &[u8]) -> Case {
@@ -295,7 +299,10 @@ fn run_case(env: &mut Env, case: &Case) -> Outcome {
                 return out;
             }
         };
-        if let Err(e) = job.wait_listening(PORT, Duration::from_secs(30)) {
+        if case.rdma_cm {
+            // Its CM agent answers on QP1 within moments of starting (AF_PACKET on the host).
+            std::thread::sleep(Duration::from_millis(1500));
+        } else if let Err(e) = job.wait_listening(PORT, Duration::from_secs(30)) {
             out.harness_error = Some(format!("ferroce server: {e}"));
             out.host = job.wait_timeout(Duration::ZERO);
             return out;
@@ -372,9 +379,12 @@ fn run_case(env: &mut Env, case: &Case) -> Outcome {
         };
         let listen_deadline = Instant::now() + Duration::from_secs(60);
         let mut job = job;
-        loop {
+        // A -R server listens on no TCP port; a ferroce client retries while its CM refuses.
+        let mut waiting = !case.rdma_cm;
+        while waiting {
             if vm.wait_listening(PORT, Duration::from_secs(1)).is_ok() {
-                break;
+                waiting = false;
+                continue;
             }
             let ended = match job.try_wait() {
                 Ok(Some(o)) => Some(o),
@@ -1541,6 +1551,102 @@ fn perftest_atomic_lat_interop() {
          (`-c UC`); `ib_send_lat -c UD` (1024 B × 10); `ib_send_lat -a` (every size, 2 B to 8 MiB, × 5); \
          duration runs (`-D`): `ib_write_lat`, `ib_send_lat`, `ib_read_lat`, `ib_write_bw`, \
          `ib_send_bw` and `ib_read_bw` (the bandwidth tools with `-f 1`).",
+        &rows,
+    );
+}
+
+/// perftest `-R`: no TCP at all; the exchange runs over an RC connection rdma_cm sets up first,
+/// then rdma_cm connects the test QPs; both roles.
+#[test]
+fn perftest_rdma_cm_interop() {
+    let Some(mut env) = env_or_skip("perftest_rdma_cm_interop") else {
+        return;
+    };
+    let mut rows = Vec::new();
+    // (tool, ferroce test, matrix label, arguments, opcodes that must show besides the
+    // channel's SEND ONLY and the CM MADs)
+    let runs: [(&'static str, &str, &str, &str, &[u8]); 8] = [
+        (
+            "ib_write_bw",
+            "write",
+            "WRITE bw -R 64 KiB × 200",
+            "-R -m 4096 -s 65536 -n 200",
+            &[0x06, 0x07, 0x08],
+        ),
+        (
+            "ib_write_bw",
+            "write",
+            "WRITE bw -R 4 QPs",
+            "-R -m 4096 -s 4096 -n 100 -q 4",
+            &[0x0a],
+        ),
+        (
+            "ib_read_bw",
+            "read",
+            "READ bw -R 64 KiB × 100",
+            "-R -m 4096 -s 65536 -n 100",
+            &[0x0c, 0x0d, 0x0f],
+        ),
+        (
+            "ib_send_bw",
+            "send",
+            "SEND bw -R 8 KiB × 200",
+            "-R -m 4096 -s 8192 -n 200",
+            &[0x00, 0x02],
+        ),
+        (
+            "ib_send_lat",
+            "send --lat",
+            "SEND lat -R 64 B × 100",
+            "-R -m 1024 -s 64 -n 100",
+            &[],
+        ),
+        (
+            "ib_write_lat",
+            "write --lat",
+            "WRITE lat -R 64 B × 100",
+            "-R -m 1024 -s 64 -n 100",
+            &[0x0a],
+        ),
+        (
+            "ib_read_lat",
+            "read --lat",
+            "READ lat -R 64 B × 100",
+            "-R -m 1024 -s 64 -n 100",
+            &[0x0c, 0x10],
+        ),
+        (
+            "ib_atomic_bw",
+            "atomic",
+            "FETCH_AND_ADD bw -R × 50",
+            "-R -m 1024 -n 50",
+            &[0x14, 0x12],
+        ),
+    ];
+    for (tool, test, label, args, ops) in runs {
+        let set = PerfSet {
+            args,
+            ipv6: false,
+            what: "",
+        };
+        let mut ops = ops.to_vec();
+        // The control channel's messages (SEND ONLY) and the CM's MADs (UD SEND ONLY to QP1).
+        ops.extend([0x04, 0x64]);
+        let mut case = perf_case(&env, tool, test, &set, &ops).timeout(60);
+        case.operation = label.into();
+        case.rdma_cm = true;
+        rows.extend(judge_both(&mut env, case, perftest_extra));
+    }
+    finish(
+        env,
+        "perftest-rdma-cm",
+        "## perftest `-R` (rdma_cm) ⇄ `ferroce bench -R`\n\nNo TCP: rdma_cm connects an RC \
+         control QP on the test's port (CM REQ / REP / RTU on QP1), every exchange message \
+         (versions, sizes, MTU, the 56-byte binary `struct pingpong_dest`, the reports) is one \
+         SEND over it, then rdma_cm connects the test QPs on the same port between two all-zero \
+         key messages, and after the test both sides send DREQs. Pass: both exit 0, the stock \
+         tool prints its results line, ferroce's data check passes where the peer allows it, \
+         and the capture holds the CM MADs, the channel's SENDs and the test's opcodes.",
         &rows,
     );
 }

@@ -92,3 +92,56 @@ fn rdma_cm_tools_between_namespaces() {
         );
     }
 }
+
+/// `ferroce bench -R` (perftest's rdma_cm mode) between namespace hosts:
+/// the exchange over its own rdma_cm connection, the test QPs connected by
+/// the CM; every run checks its data. (Against perftest -R on rxe:
+/// interop-tests' perftest_rdma_cm_interop.)
+#[test]
+fn bench_rdma_cm_between_namespaces() {
+    if !ferroce_nic::is_root() {
+        eprintln!("bench_rdma_cm_between_namespaces: skipped (needs root for network namespaces)");
+        return;
+    }
+    let topo = Topology::up(&TopologyConfig::default()).unwrap();
+    let server_ip = topo.host(0).ipv4.to_string();
+    let runs: [&[&str]; 5] = [
+        &["write", "-s", "65536", "-n", "300"],
+        &["write", "-s", "4096", "-n", "300", "-q", "3"],
+        &["read", "-s", "65536", "-n", "200"],
+        &["send", "-s", "8192", "-n", "300"],
+        &["send", "--lat", "-s", "8", "-n", "300"],
+    ];
+    for backend in ["udp", "afpacket"] {
+        for run in runs {
+            let mut srv: Vec<&str> = vec!["bench"];
+            srv.extend(run);
+            srv.extend(["-R", "-d", "veth0", "--backend", backend]);
+            let mut cli = srv.clone();
+            cli.push(&server_ip);
+            let (s, c) = pair(&topo, &srv, &cli);
+            let what = format!("{backend} {}", run.join(" "));
+            for (side, o) in [("server", &s), ("client", &c)] {
+                let t = text(o);
+                assert!(o.status.success(), "{what}: {side}: {t}");
+                assert!(
+                    t.contains("rdma_cm QPs\t : ON") && t.contains("Data ex. method : rdma_cm"),
+                    "{what}: {side}: {t}"
+                );
+            }
+            let out = String::from_utf8_lossy(&c.stdout);
+            let size = run
+                .iter()
+                .position(|&w| w == "-s")
+                .and_then(|i| run.get(i + 1))
+                .copied()
+                .unwrap_or_default();
+            assert!(
+                out.lines()
+                    .any(|l| l.split_whitespace().next() == Some(size)),
+                "{what}: no result row for {size}: {}",
+                text(&c)
+            );
+        }
+    }
+}

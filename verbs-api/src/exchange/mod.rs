@@ -14,6 +14,7 @@
 
 pub mod perftest;
 pub mod pingpong;
+pub mod rdma_cm;
 
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -300,6 +301,8 @@ impl PerftestDest {
     pub const WIRE_LEN_GID: usize = 108;
     /// `KEY_MSG_SIZE` (perftest_communication.h): 58 characters + NUL.
     pub const WIRE_LEN_LID: usize = 59;
+    /// `sizeof(struct pingpong_dest)` on x86-64 and arm64: the `-R` key message.
+    pub const WIRE_LEN_BINARY: usize = 56;
 
     fn check(&self) -> Result<(), ExchangeError> {
         check_range("qpn", self.qpn.into(), MAX_24)?;
@@ -336,6 +339,62 @@ impl PerftestDest {
         let mut out = [0u8; Self::WIRE_LEN_LID];
         out[..text.len()].copy_from_slice(text.as_bytes());
         Ok(out)
+    }
+
+    /// perftest's key message over its rdma_cm channel (`-R`,
+    /// `rdma_write_keys`): `struct pingpong_dest` itself, 56 bytes: LID,
+    /// out_reads, QPN, PSN, RKey as big-endian 32-bit ints, 4 bytes of
+    /// padding, VAddr big-endian 64-bit, the 16 GID bytes, SRQN and the GID
+    /// index big-endian 32-bit (seen between two perftest 4.5 peers on rxe).
+    pub fn to_wire_binary(
+        &self,
+        gid_index: u32,
+    ) -> Result<[u8; Self::WIRE_LEN_BINARY], ExchangeError> {
+        self.check()?;
+        let mut out = [0u8; Self::WIRE_LEN_BINARY];
+        out[0..4].copy_from_slice(&u32::from(self.lid).to_be_bytes());
+        out[4..8].copy_from_slice(&u32::from(self.out_reads).to_be_bytes());
+        out[8..12].copy_from_slice(&self.qpn.to_be_bytes());
+        out[12..16].copy_from_slice(&self.psn.to_be_bytes());
+        out[16..20].copy_from_slice(&self.rkey.to_be_bytes());
+        out[24..32].copy_from_slice(&self.vaddr.to_be_bytes());
+        out[32..48].copy_from_slice(&self.gid);
+        out[48..52].copy_from_slice(&self.srqn.to_be_bytes());
+        out[52..56].copy_from_slice(&gid_index.to_be_bytes());
+        Ok(out)
+    }
+
+    /// Parses [`Self::to_wire_binary`]'s message (the padding and the GID
+    /// index are not read, as perftest's `rdma_read_keys` does not).
+    pub fn parse_binary(raw: &[u8]) -> Result<Self, ParseError> {
+        let bytes: &[u8; Self::WIRE_LEN_BINARY] = raw
+            .try_into()
+            .map_err(|_| ParseError::new(format!("{} bytes, not 56", raw.len()), raw))?;
+        let word = |at: usize| {
+            u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+        };
+        let narrow = |at: usize, name: &str| {
+            u16::try_from(word(at))
+                .map_err(|_| ParseError::new(format!("{name} {} is out of range", word(at)), raw))
+        };
+        let mut vaddr = [0u8; 8];
+        vaddr.copy_from_slice(&bytes[24..32]);
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&bytes[32..48]);
+        let (qpn, psn) = (word(8), word(12));
+        if u64::from(qpn) > MAX_24 || u64::from(psn) > MAX_24 {
+            return Err(ParseError::new("QPN or PSN wider than 24 bits", raw));
+        }
+        Ok(Self {
+            lid: narrow(0, "LID")?,
+            out_reads: narrow(4, "out_reads")?,
+            qpn,
+            psn,
+            rkey: word(16),
+            vaddr: u64::from_be_bytes(vaddr),
+            gid,
+            srqn: word(48),
+        })
     }
 
     /// Parses a `KEY_PRINT_FMT_GID` message (the trailing ':' is optional).
@@ -667,14 +726,9 @@ impl Wire {
         }
     }
 
-    /// Waits, as long as it takes, until the peer closes the connection
-    /// (what it sends meanwhile is read and dropped).
-    pub(crate) fn wait_closed(&mut self, step: &'static str) -> Result<(), ExchangeError> {
-        self.wait_closed_within(step, None).map(|_| ())
-    }
-
-    /// [`Self::wait_closed`] for at most `limit` (None: no limit); true if
-    /// the peer closed.
+    /// Waits up to `limit` (None: as long as it takes) until the peer closes
+    /// the connection (what it sends meanwhile is read and dropped); true if
+    /// it did.
     pub(crate) fn wait_closed_within(
         &mut self,
         step: &'static str,
@@ -851,6 +905,49 @@ mod tests {
         assert_eq!(expect.len(), 108);
         assert_eq!(wire.as_slice(), expect.as_slice());
         assert_eq!(PerftestDest::parse_gid(&wire).unwrap(), d);
+    }
+
+    #[test]
+    fn perftest_binary_golden_bytes() {
+        // ib_write_bw -R 4.5 on rxe, captured: QPN 0x12, PSN 0xd8e5cc, RKey 0x348,
+        // VAddr 0x7f9e0a533000, GID ::ffff:10.77.0.11, GID index 1.
+        let raw = hex_bytes(
+            "00000000000000010000001200d8e5cc0000034800000000\
+             00007f9e0a53300000000000000000000000ffff0a4d000b0000000000000001",
+        );
+        let d = PerftestDest::parse_binary(&raw).unwrap();
+        assert_eq!(
+            d,
+            PerftestDest {
+                lid: 0,
+                out_reads: 1,
+                qpn: 0x12,
+                psn: 0xd8e5cc,
+                rkey: 0x348,
+                vaddr: 0x7f9e_0a53_3000,
+                gid: gid_v4(10, 77, 0, 11),
+                srqn: 0,
+            }
+        );
+        assert_eq!(d.to_wire_binary(1).unwrap().as_slice(), raw.as_slice());
+        // perftest leaves the padding uninitialised: not read.
+        let mut padded = raw.clone();
+        padded[20..24].copy_from_slice(&[0xb6, 0x55, 0, 0]);
+        assert_eq!(PerftestDest::parse_binary(&padded).unwrap(), d);
+        assert!(PerftestDest::parse_binary(&raw[..55]).is_err());
+        let mut wide = raw.clone();
+        wide[8] = 1; // QPN 0x01000012
+        assert!(PerftestDest::parse_binary(&wide).is_err());
+        wide = raw;
+        wide[0] = 1; // LID 0x01000000
+        assert!(PerftestDest::parse_binary(&wide).is_err());
+    }
+
+    fn hex_bytes(h: &str) -> Vec<u8> {
+        (0..h.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+            .collect()
     }
 
     #[test]

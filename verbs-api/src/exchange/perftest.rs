@@ -1,6 +1,6 @@
 //! The TCP exchange of perftest 4.5 (Debian 12) over Ethernet sockets
 //! (`src/perftest_communication.c`, driven from `write_bw.c` / `read_bw.c` /
-//! `send_bw.c` / `*_lat.c`). rdma_cm mode is out of scope.
+//! `send_bw.c` / `*_lat.c`), and its rdma_cm variant (`-R`, below).
 //!
 //! Every step is `ctx_xchg_data_ethernet` or `ctx_hand_shake`: the client
 //! (the side given a server name) writes then reads, the server reads then
@@ -23,10 +23,19 @@
 //! Negotiation in 4.5 is only steps 1–3 (no test-parameter exchange: a
 //! client and server with different `-s`/`-n` are not checked against each
 //! other; `negotiate_params` came in later perftest releases).
+//!
+//! With `-R` (rdma_cm) perftest sends the same messages, each as one RDMA
+//! SEND over an RC connection of its own that rdma_cm set up first on the
+//! same port ([`MessageChannel`]); the key message is then `struct
+//! pingpong_dest` in binary ([`KeyFormat::Binary`]); between steps 3 and 4
+//! an all-zero key message each way brackets the test QPs' rdma_cm
+//! connections ([`rdma_cm_session`]), which replace `ctx_connect`; and
+//! `ctx_close_connection` is the hand-shake alone, without `"done"`.
 
 use std::fmt;
+use std::io;
 use std::net::{TcpListener, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{
     c_text, ExchangeConfig, ExchangeError, ParseError, PerftestDest, Role, Wire, DONE_MSG,
@@ -48,6 +57,129 @@ pub enum KeyFormat {
     Gid,
     /// `KEY_PRINT_FMT`, 59 bytes: InfiniBand without `-x`.
     Lid,
+    /// `struct pingpong_dest`, 56 bytes, over the rdma_cm channel of `-R`;
+    /// the GID index travels in it too.
+    Binary { gid_index: u32 },
+}
+
+/// A transport for the exchange other than TCP: perftest's `-R` sends
+/// every message as one RDMA SEND over a connection of its own.
+pub trait MessageChannel: fmt::Debug {
+    /// Who the peer is, for messages.
+    fn peer(&self) -> String;
+    /// Sends `msg` as one message.
+    fn send(&mut self, msg: &[u8]) -> io::Result<()>;
+    /// Receives the next message into `buf`, waiting up to `limit` (`None`:
+    /// as long as it takes); its length, which may differ from `buf`'s, or
+    /// `None` if none came in time.
+    fn recv(&mut self, buf: &mut [u8], limit: Option<Duration>) -> io::Result<Option<usize>>;
+}
+
+/// Where a [`PerftestConn`]'s messages go.
+#[derive(Debug)]
+enum Link<'c> {
+    Tcp(Wire),
+    Channel {
+        channel: Box<dyn MessageChannel + 'c>,
+        peer: String,
+        io_timeout: Duration,
+    },
+}
+
+impl Link<'_> {
+    fn peer(&self) -> &str {
+        match self {
+            Link::Tcp(w) => w.peer(),
+            Link::Channel { peer, .. } => peer,
+        }
+    }
+
+    fn send(&mut self, step: &'static str, msg: &[u8]) -> Result<(), ExchangeError> {
+        match self {
+            Link::Tcp(w) => w.send(step, msg),
+            Link::Channel { channel, peer, .. } => {
+                channel.send(msg).map_err(|source| ExchangeError::Io {
+                    peer: peer.clone(),
+                    step,
+                    source,
+                })
+            }
+        }
+    }
+
+    fn recv_within(
+        &mut self,
+        step: &'static str,
+        buf: &mut [u8],
+        limit: Option<Duration>,
+    ) -> Result<(), ExchangeError> {
+        match self {
+            Link::Tcp(w) => w.recv_within(step, buf, limit),
+            Link::Channel {
+                channel,
+                peer,
+                io_timeout,
+            } => match channel.recv(buf, limit) {
+                Ok(Some(n)) if n == buf.len() => Ok(()),
+                Ok(Some(n)) => Err(ExchangeError::Malformed {
+                    peer: peer.clone(),
+                    step,
+                    source: ParseError::new(
+                        format!("a message of {n} bytes where {} were due", buf.len()),
+                        &buf[..n.min(buf.len())],
+                    ),
+                }),
+                Ok(None) => Err(ExchangeError::Timeout {
+                    peer: peer.clone(),
+                    step,
+                    timeout: limit.unwrap_or(*io_timeout),
+                    got: 0,
+                    want: buf.len(),
+                }),
+                Err(source) => Err(ExchangeError::Io {
+                    peer: peer.clone(),
+                    step,
+                    source,
+                }),
+            },
+        }
+    }
+
+    fn malformed(&self, step: &'static str, source: ParseError) -> ExchangeError {
+        match self {
+            Link::Tcp(w) => w.malformed(step, source),
+            Link::Channel { peer, .. } => ExchangeError::Malformed {
+                peer: peer.clone(),
+                step,
+                source,
+            },
+        }
+    }
+
+    /// Until the peer is gone. A channel has no close of its own (its
+    /// connection outlives the test): it waits for a message that never
+    /// comes, or fails when the connection breaks.
+    fn wait_closed_within(
+        &mut self,
+        step: &'static str,
+        limit: Option<Duration>,
+    ) -> Result<bool, ExchangeError> {
+        match self {
+            Link::Tcp(w) => w.wait_closed_within(step, limit),
+            Link::Channel { channel, .. } => {
+                let deadline = limit.map(|l| Instant::now() + l);
+                let mut sink = [0u8; PerftestDest::WIRE_LEN_BINARY];
+                loop {
+                    let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                    match channel.recv(&mut sink, left) {
+                        Ok(Some(_)) => {}
+                        Ok(None) => return Ok(false),
+                        Err(_) => return Ok(true),
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// How many key-message passes precede the test.
@@ -156,15 +288,15 @@ pub fn gid_is_v4mapped(gid: &[u8; 16]) -> bool {
 
 /// A perftest control connection; each method is one perftest step.
 #[derive(Debug)]
-pub struct PerftestConn {
-    wire: Wire,
+pub struct PerftestConn<'c> {
+    wire: Link<'c>,
     role: Role,
     key_format: KeyFormat,
     remote_version_num: f64,
     cfg: ExchangeConfig,
 }
 
-impl PerftestConn {
+impl<'c> PerftestConn<'c> {
     /// Server: accept one client (`ethernet_server_connect`).
     pub fn accept(
         listener: &TcpListener,
@@ -172,7 +304,7 @@ impl PerftestConn {
         cfg: &ExchangeConfig,
     ) -> Result<Self, ExchangeError> {
         let wire = Wire::accept(listener, cfg, "perftest server: accept")?;
-        Ok(Self::new(wire, Role::Server, key_format, cfg))
+        Ok(Self::new(Link::Tcp(wire), Role::Server, key_format, cfg))
     }
 
     /// Client: connect to the server (`ethernet_client_connect`).
@@ -182,10 +314,28 @@ impl PerftestConn {
         cfg: &ExchangeConfig,
     ) -> Result<Self, ExchangeError> {
         let wire = Wire::connect(addr, cfg, "perftest client: connect")?;
-        Ok(Self::new(wire, Role::Client, key_format, cfg))
+        Ok(Self::new(Link::Tcp(wire), Role::Client, key_format, cfg))
     }
 
-    fn new(wire: Wire, role: Role, key_format: KeyFormat, cfg: &ExchangeConfig) -> Self {
+    /// `-R`: the exchange over an rdma_cm connection already set up
+    /// (`rdma_client_connect` / `rdma_server_connect`), binary key messages
+    /// carrying `gid_index`.
+    pub fn over_channel(
+        channel: Box<dyn MessageChannel + 'c>,
+        role: Role,
+        gid_index: u32,
+        cfg: &ExchangeConfig,
+    ) -> Self {
+        let peer = channel.peer();
+        let link = Link::Channel {
+            channel,
+            peer,
+            io_timeout: cfg.io_timeout,
+        };
+        Self::new(link, role, KeyFormat::Binary { gid_index }, cfg)
+    }
+
+    fn new(wire: Link<'c>, role: Role, key_format: KeyFormat, cfg: &ExchangeConfig) -> Self {
         Self {
             wire,
             role,
@@ -379,6 +529,12 @@ impl PerftestConn {
                 self.xchg_within(step, &out, &mut theirs, wait)?;
                 PerftestDest::parse_lid(&theirs).map_err(|e| self.wire.malformed(step, e))
             }
+            KeyFormat::Binary { gid_index } => {
+                let out = mine.to_wire_binary(gid_index)?;
+                let mut theirs = [0u8; PerftestDest::WIRE_LEN_BINARY];
+                self.xchg_within(step, &out, &mut theirs, wait)?;
+                PerftestDest::parse_binary(&theirs).map_err(|e| self.wire.malformed(step, e))
+            }
         }
     }
 
@@ -443,7 +599,8 @@ impl PerftestConn {
     /// the peer has no end-of-test step and closes when it is stopped.
     pub fn wait_closed(&mut self) -> Result<(), ExchangeError> {
         self.wire
-            .wait_closed("perftest: wait for the peer to stop (run_infinitely)")
+            .wait_closed_within("perftest: wait for the peer to stop (run_infinitely)", None)
+            .map(drop)
     }
 
     /// The end of an `ib_write_lat` duration run, which has no closing
@@ -453,8 +610,12 @@ impl PerftestConn {
     /// closes. So the QP must outlive the peer's run: we half-close and wait
     /// up to `limit` for the peer to close (another ferroce does the same).
     pub fn linger(&mut self, limit: Duration) -> Result<bool, ExchangeError> {
-        self.wire
-            .linger("perftest: wait for the peer's end of test", limit)
+        const STEP: &str = "perftest: wait for the peer's end of test";
+        match &mut self.wire {
+            Link::Tcp(w) => w.linger(STEP, limit),
+            // No half-close over a channel: the QPs stay up for the limit.
+            link => link.wait_closed_within(STEP, Some(limit)),
+        }
     }
 
     /// `ctx_close_connection`: a barrier hand-shake, then `"done\0"`, then
@@ -463,8 +624,12 @@ impl PerftestConn {
     pub fn close_connection(mut self, mine: &PerftestDest) -> Result<(), ExchangeError> {
         let wait = Some(self.cfg.end_of_test_timeout);
         self.hand_shake_within("perftest: closing hand-shake", mine, wait)?;
-        self.wire.send("perftest: send \"done\"", DONE_MSG)?;
-        self.wire.drain_briefly();
+        // Over the rdma_cm channel the hand-shake is all (perftest's
+        // `ctx_close_connection` sends "done" on its TCP path only).
+        if let Link::Tcp(w) = &mut self.wire {
+            w.send("perftest: send \"done\"", DONE_MSG)?;
+            w.drain_briefly();
+        }
         Ok(())
     }
 }
@@ -472,15 +637,15 @@ impl PerftestConn {
 /// A connected perftest session after step 6: QPs are connected on both
 /// sides and the test may start.
 #[derive(Debug)]
-pub struct PerftestSession {
-    pub conn: PerftestConn,
+pub struct PerftestSession<'c> {
+    pub conn: PerftestConn<'c>,
     pub negotiated: Negotiated,
     pub my_dests: Vec<PerftestDest>,
     pub remote_dests: Vec<PerftestDest>,
     report_per_port: bool,
 }
 
-impl PerftestSession {
+impl PerftestSession<'_> {
     /// End of a half-duplex BW test (steps 7–8): barrier, report exchange,
     /// closing hand-shake and `"done"`. The server calls it right after set-up
     /// (it waits for the client's run); the client after its run. Returns the
@@ -506,14 +671,16 @@ impl PerftestSession {
     }
 }
 
-fn run<P, C, E1, E2>(
-    mut conn: PerftestConn,
+fn run<'c, P, K, C, E1, E2>(
+    mut conn: PerftestConn<'c>,
     params: &PerftestParams,
     prepare: P,
+    cm_connect: Option<K>,
     connect: C,
-) -> Result<PerftestSession, ExchangeError>
+) -> Result<PerftestSession<'c>, ExchangeError>
 where
     P: FnOnce(&Negotiated) -> Result<Vec<PerftestDest>, E1>,
+    K: FnOnce(&Negotiated) -> Result<(), E2>,
     C: FnOnce(&Negotiated, &[PerftestDest]) -> Result<(), E2>,
     E1: fmt::Display,
     E2: fmt::Display,
@@ -531,7 +698,20 @@ where
         match params.key_format {
             KeyFormat::Gid => drop(d.to_wire_gid()?),
             KeyFormat::Lid => drop(d.to_wire_lid()?),
+            KeyFormat::Binary { gid_index } => drop(d.to_wire_binary(gid_index)?),
         }
+    }
+    if let Some(cm_connect) = cm_connect {
+        // perftest -R: an all-zero key message each way, the test QPs'
+        // rdma_cm connections, another all-zero message (seen on the wire
+        // between two perftest 4.5 peers).
+        let zero = PerftestDest::default();
+        conn.hand_shake(&zero)?;
+        cm_connect(&negotiated).map_err(|e| ExchangeError::Callback {
+            step: "perftest: connect QPs with rdma_cm",
+            message: e.to_string(),
+        })?;
+        conn.hand_shake(&zero)?;
     }
     for _ in 0..params.extra_rounds_before {
         conn.hand_shake(&my_dests[0])?;
@@ -576,7 +756,7 @@ pub fn server<P, C, E1, E2>(
     cfg: &ExchangeConfig,
     prepare: P,
     connect: C,
-) -> Result<PerftestSession, ExchangeError>
+) -> Result<PerftestSession<'static>, ExchangeError>
 where
     P: FnOnce(&Negotiated) -> Result<Vec<PerftestDest>, E1>,
     C: FnOnce(&Negotiated, &[PerftestDest]) -> Result<(), E2>,
@@ -584,7 +764,13 @@ where
     E2: fmt::Display,
 {
     let conn = PerftestConn::accept(listener, params.key_format, cfg)?;
-    run(conn, params, prepare, connect)
+    run(
+        conn,
+        params,
+        prepare,
+        None::<fn(&Negotiated) -> Result<(), E2>>,
+        connect,
+    )
 }
 
 /// perftest client (server name given): same steps, writing first.
@@ -594,7 +780,7 @@ pub fn client<A, P, C, E1, E2>(
     cfg: &ExchangeConfig,
     prepare: P,
     connect: C,
-) -> Result<PerftestSession, ExchangeError>
+) -> Result<PerftestSession<'static>, ExchangeError>
 where
     A: ToSocketAddrs + fmt::Debug,
     P: FnOnce(&Negotiated) -> Result<Vec<PerftestDest>, E1>,
@@ -603,7 +789,35 @@ where
     E2: fmt::Display,
 {
     let conn = PerftestConn::connect(addr, params.key_format, cfg)?;
-    run(conn, params, prepare, connect)
+    run(
+        conn,
+        params,
+        prepare,
+        None::<fn(&Negotiated) -> Result<(), E2>>,
+        connect,
+    )
+}
+
+/// perftest `-R`, either role: over `conn` (an rdma_cm channel,
+/// [`PerftestConn::over_channel`]) the same steps as [`server`] and
+/// [`client`], with `cm_connect` connecting the test QPs through rdma_cm
+/// between two all-zero key messages after `prepare`; `connect` still runs
+/// where `ctx_connect` would (QPs are connected by then: post receives there).
+pub fn rdma_cm_session<'c, P, K, C, E1, E2>(
+    conn: PerftestConn<'c>,
+    params: &PerftestParams,
+    prepare: P,
+    cm_connect: K,
+    connect: C,
+) -> Result<PerftestSession<'c>, ExchangeError>
+where
+    P: FnOnce(&Negotiated) -> Result<Vec<PerftestDest>, E1>,
+    K: FnOnce(&Negotiated) -> Result<(), E2>,
+    C: FnOnce(&Negotiated, &[PerftestDest]) -> Result<(), E2>,
+    E1: fmt::Display,
+    E2: fmt::Display,
+{
+    run(conn, params, prepare, Some(cm_connect), connect)
 }
 
 #[cfg(test)]
@@ -722,6 +936,125 @@ mod tests {
         assert_eq!(remote, client_dests);
         assert_eq!(neg.cache_line_size, 64);
         assert_eq!(report, mine);
+    }
+
+    /// One end of an in-memory message channel; every message sent is also
+    /// logged (its length) for the test to check the sequence.
+    #[derive(Debug)]
+    struct MemChannel {
+        tx: std::sync::mpsc::Sender<Vec<u8>>,
+        rx: std::sync::mpsc::Receiver<Vec<u8>>,
+        sent: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+    }
+
+    impl MessageChannel for MemChannel {
+        fn peer(&self) -> String {
+            "memory".into()
+        }
+        fn send(&mut self, msg: &[u8]) -> io::Result<()> {
+            self.sent.lock().unwrap().push(msg.len());
+            self.tx.send(msg.to_vec()).map_err(io::Error::other)
+        }
+        fn recv(&mut self, buf: &mut [u8], limit: Option<Duration>) -> io::Result<Option<usize>> {
+            let got = match limit {
+                Some(l) => match self.rx.recv_timeout(l) {
+                    Ok(m) => m,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return Ok(None),
+                    Err(e) => return Err(io::Error::other(e)),
+                },
+                None => self.rx.recv().map_err(io::Error::other)?,
+            };
+            let n = got.len().min(buf.len());
+            buf[..n].copy_from_slice(&got[..n]);
+            Ok(Some(got.len()))
+        }
+    }
+
+    fn mem_pair() -> (
+        MemChannel,
+        MemChannel,
+        std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+    ) {
+        let (a_tx, b_rx) = std::sync::mpsc::channel();
+        let (b_tx, a_rx) = std::sync::mpsc::channel();
+        let client_log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let a = MemChannel {
+            tx: a_tx,
+            rx: a_rx,
+            sent: client_log.clone(),
+        };
+        let b = MemChannel {
+            tx: b_tx,
+            rx: b_rx,
+            sent: std::sync::Arc::new(std::sync::Mutex::new(Vec::new())),
+        };
+        (a, b, client_log)
+    }
+
+    /// `-R`, ib_write_bw shape with 2 QPs: the messages perftest 4.5 sends
+    /// (seen between two perftest peers on rxe), the rdma_cm step between the
+    /// all-zero key messages, binary keys, and a close without "done".
+    #[test]
+    fn rdma_cm_session_message_sequence() {
+        let (client_end, server_end, client_log) = mem_pair();
+        let server_dests: Vec<_> = (0..2).map(|i| dest(0x20 + i, 1)).collect();
+        let client_dests: Vec<_> = (0..2).map(|i| dest(0x40 + i, 2)).collect();
+        let sd = server_dests.clone();
+        let server = thread::spawn(move || {
+            let conn = PerftestConn::over_channel(Box::new(server_end), Role::Server, 1, &cfg());
+            let s = rdma_cm_session(
+                conn,
+                &PerftestParams::default(),
+                |_| Ok::<_, String>(sd),
+                |_| Ok::<(), String>(()),
+                |_, _| Ok::<(), String>(()),
+            )
+            .unwrap();
+            let remote = s.remote_dests.clone();
+            s.finish_bw(&BwReport::default()).unwrap();
+            remote
+        });
+        let cd = client_dests.clone();
+        let log = client_log.clone();
+        let cm_at = std::cell::Cell::new(None);
+        let conn = PerftestConn::over_channel(Box::new(client_end), Role::Client, 1, &cfg());
+        let s = rdma_cm_session(
+            conn,
+            &PerftestParams::default(),
+            |_| Ok::<_, String>(cd),
+            |_| {
+                cm_at.set(Some(log.lock().unwrap().clone()));
+                Ok::<(), String>(())
+            },
+            |_, _| Ok::<(), String>(()),
+        )
+        .unwrap();
+        assert_eq!(s.remote_dests, server_dests);
+        s.finish_bw(&BwReport::default()).unwrap();
+        assert_eq!(server.join().unwrap(), client_dests);
+        // Version, cycle buffer, cache line, MTU, then one all-zero key message.
+        assert_eq!(cm_at.take(), Some(vec![16, 4, 4, 2, 56]));
+        let sent = client_log.lock().unwrap().clone();
+        // After the rdma_cm step: zero key, 2 + 2 keys, the post-RTR key; at the end the
+        // barrier key, five report fields, the closing key, and no "done".
+        let mut want = vec![16, 4, 4, 2, 56, 56, 56, 56, 56, 56, 56, 56];
+        want.extend([8, 8, 8, 8, 8, 56]);
+        assert_eq!(sent, want);
+    }
+
+    #[test]
+    fn rdma_cm_channel_refuses_a_message_of_the_wrong_size() {
+        let (client_end, mut server_end, _) = mem_pair();
+        let mut conn = PerftestConn::over_channel(Box::new(client_end), Role::Client, 1, &cfg());
+        let peer = thread::spawn(move || {
+            let mut buf = [0u8; 16];
+            server_end.recv(&mut buf, None).unwrap();
+            server_end.send(b"6.06\0\0\0").unwrap();
+            server_end
+        });
+        let e = conn.exchange_versions("6.19").unwrap_err();
+        assert!(matches!(e, ExchangeError::Malformed { .. }), "{e}");
+        drop(peer.join());
     }
 
     fn expect(s: &mut TcpStream, want: &[u8]) {

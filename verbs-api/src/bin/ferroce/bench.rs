@@ -6,9 +6,11 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use ferroce_verbs::cm::{CmAgent, ConnParam, Connection as CmConnection, REJ_INVALID_SERVICE_ID};
 use ferroce_verbs::device::ib_mtu_enum;
-use ferroce_verbs::exchange::perftest::{self, BwReport, Negotiated, PerftestParams};
-use ferroce_verbs::exchange::{self, ExchangeConfig, PerftestDest};
+use ferroce_verbs::exchange::perftest::{self, BwReport, Negotiated, PerftestConn, PerftestParams};
+use ferroce_verbs::exchange::rdma_cm::RdmaCmChannel;
+use ferroce_verbs::exchange::{self, ExchangeConfig, PerftestDest, Role};
 use ferroce_verbs::perf::{self, PerfOp, PerfParams, PerfResult, RemoteBuf};
 use ferroce_verbs::{
     Backend, CompletionQueue, ConnectOptions, Context, EngineMode, MemoryRegion, QpType, QueuePair,
@@ -142,6 +144,13 @@ pub struct Args {
     /// (SEND only, messages up to the MTU, each receive led by a 40-byte GRH).
     #[arg(short = 'c', long = "connection", value_enum, default_value = "RC")]
     pub connection: Connection,
+
+    /// Connect with rdma_cm instead of the TCP exchange (perftest's `-R`):
+    /// the exchange runs over an RC connection of its own that rdma_cm sets
+    /// up on the port first, then rdma_cm connects the test QPs; the peer
+    /// must use -R too. RC only.
+    #[arg(short = 'R', long = "rdma_cm")]
+    pub rdma_cm: bool,
     /// Bidirectional bandwidth (perftest's `-b`): both sides run the test
     /// at once and each reports the sum of both directions (WRITE, READ,
     /// SEND, atomic). The peer must be run with it too.
@@ -417,6 +426,16 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         }
         _ => {}
     }
+    if a.rdma_cm {
+        match a.connection {
+            // perftest's words.
+            Connection::UC => return Err("UC is not supported in librdmacm".into()),
+            Connection::UD => {
+                return Err("-R with -c UD (rdma_cm's SIDR) is not supported by ferroce".into())
+            }
+            Connection::RC => {}
+        }
+    }
     if a.no_peak && a.lat {
         return Err("NoPeak only valid for BW tests".into());
     }
@@ -589,7 +608,9 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     let connect = |n: &Negotiated, remote: &[PerftestDest]| -> Result<(), String> {
         let mtu = mtu_bytes(n.mtu).min(mtu);
         *negotiated_mtu.lock().unwrap_or_else(|p| p.into_inner()) = mtu;
-        for ((e, mine), theirs) in ends.iter().zip(&my_dests).zip(remote) {
+        // With -R rdma_cm connected the QPs already (its REQ and REP).
+        let pairs = if a.rdma_cm { 0 } else { ends.len() };
+        for ((e, mine), theirs) in ends.iter().zip(&my_dests).zip(remote).take(pairs) {
             let o = ConnectOptions {
                 path_mtu: mtu,
                 local_psn: mine.psn,
@@ -619,15 +640,80 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     if a.table() {
         print_header(a, &ctx, mtu, client, out_reads);
     }
-    let mut session = match &a.servername {
-        Some(s) => perftest::client((s.as_str(), a.port), &params, &xcfg, prepare, connect),
-        None => {
-            let l = exchange::listen(a.port)
-                .map_err(|e| format!("Couldn't listen to port {}: {e}", a.port))?;
-            perftest::server(&l, &params, &xcfg, prepare, connect)
+    // -R: the CM agent, and the test QPs' connections to close at the end.
+    let mut rdma_cm: Option<(CmAgent<'_>, Vec<CmConnection>)> = None;
+    let mut session = if a.rdma_cm {
+        let dst = a
+            .servername
+            .as_deref()
+            .map(|s| common::resolve(s, a.port))
+            .transpose()?;
+        let mut cm = CmAgent::new(&ctx, &pd, gid_index).map_err(|e| format!("rdma_cm: {e}"))?;
+        let mut channel =
+            RdmaCmChannel::new(&ctx, &pd, gid_index).map_err(|e| format!("rdma_cm: {e}"))?;
+        let wait_client = xcfg
+            .accept_timeout
+            .unwrap_or(Duration::from_secs(24 * 3600));
+        // perftest's control connection: no READs either way, retries 7.
+        let control = ConnParam {
+            responder_resources: 0,
+            initiator_depth: 0,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ..ConnParam::default()
+        };
+        let c = cm_establish(&mut cm, channel.qp(), dst, a.port, &control, wait_client)?;
+        channel.set_peer(c.peer_gid.to_canonical().to_string());
+        let role = if client { Role::Client } else { Role::Server };
+        let conn = PerftestConn::over_channel(Box::new(channel), role, gid_index as u32, &xcfg);
+        // The test QPs: READ/atomic depth as -o says, retries 7 (perftest 4.5).
+        let reads = if matches!(a.test(), Test::Read | Test::Atomic) {
+            out_reads
+        } else {
+            0
+        };
+        let test = ConnParam {
+            responder_resources: reads,
+            initiator_depth: reads,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ..ConnParam::default()
+        };
+        let mut conns = Vec::new();
+        let cm_connect = |_: &Negotiated| -> Result<(), String> {
+            for e in &ends {
+                conns.push(cm_establish(
+                    &mut cm,
+                    &e.qp,
+                    dst,
+                    a.port,
+                    &test,
+                    xcfg.io_timeout,
+                )?);
+            }
+            Ok(())
+        };
+        let s = perftest::rdma_cm_session(conn, &params, prepare, cm_connect, connect)
+            .map_err(|e| e.to_string())?;
+        rdma_cm = Some((cm, conns));
+        if !client && a.table() {
+            // perftest 4.5's server says this once the QPs are connected.
+            println!(" Waiting for client rdma_cm QP to connect");
+            println!(" Please run the same command with the IB/RoCE interface IP");
+            println!("{RESULT_LINE}");
         }
-    }
-    .map_err(|e| e.to_string())?;
+        s
+    } else {
+        match &a.servername {
+            Some(s) => perftest::client((s.as_str(), a.port), &params, &xcfg, prepare, connect),
+            None => {
+                let l = exchange::listen(a.port)
+                    .map_err(|e| format!("Couldn't listen to port {}: {e}", a.port))?;
+                perftest::server(&l, &params, &xcfg, prepare, connect)
+            }
+        }
+        .map_err(|e| e.to_string())?
+    };
     let peer_is_ferroce = session.negotiated.remote_version.contains("ferroce");
     // A ferroce peer registers per_qp bytes per QP; a stock perftest peer
     // only max(size, 4096) at the address it sends (reaching past it draws a
@@ -824,11 +910,53 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     if a.table() {
         println!("{RESULT_LINE}");
     }
+    if let Some((mut cm, conns)) = rdma_cm {
+        // perftest 4.5: both sides rdma_disconnect every test QP (the DREQs
+        // may cross; the agent answers the peer's while waiting for its own).
+        for (c, e) in conns.iter().zip(&ends) {
+            cm.disconnect(c, &e.qp)
+                .map_err(|e| format!("rdma_disconnect: {e}"))?;
+        }
+    }
     if let Err(e) = limits.verdict() {
         eprintln!("{e}");
         return Ok(false);
     }
     Ok(all_ok)
+}
+
+/// Connects `qp` through rdma_cm: `rdma_connect` to `dst` for a client
+/// (again while the server refuses the port: perftest's server listens for
+/// its test QPs only after a hand-shake), `rdma_get_request` and
+/// `rdma_accept` on `port` for a server.
+fn cm_establish(
+    cm: &mut CmAgent<'_>,
+    qp: &QueuePair<'_>,
+    dst: Option<std::net::SocketAddr>,
+    port: u16,
+    param: &ConnParam,
+    timeout: Duration,
+) -> Result<CmConnection, String> {
+    let Some(dst) = dst else {
+        let req = cm
+            .get_request(port, timeout)
+            .map_err(|e| format!("rdma_get_request: {e}"))?;
+        return cm
+            .accept(&req, qp, param)
+            .map_err(|e| format!("rdma_accept: {e}"));
+    };
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match cm.connect(qp, dst, param) {
+            Ok(c) => return Ok(c),
+            Err(ferroce_verbs::Error::Rejected { reason })
+                if reason == REJ_INVALID_SERVICE_ID && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(format!("rdma_connect to {dst}: {e}")),
+        }
+    }
 }
 
 /// `--run_infinitely`: the client measures period after period (-D
@@ -837,7 +965,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
 fn run_infinitely(
     a: &Args,
     setup: Setup<'_, '_>,
-    session: &mut perftest::PerftestSession,
+    session: &mut perftest::PerftestSession<'_>,
     client: bool,
 ) -> Result<bool, String> {
     if !client {
@@ -1416,8 +1544,13 @@ fn header_lines(a: &Args, device: &str, b: &Banner) -> Vec<String> {
             a.inline_size.unwrap_or(0)
         ));
     }
-    v.push(" rdma_cm QPs\t : OFF".to_string());
-    v.push(" Data ex. method : Ethernet".to_string());
+    if a.rdma_cm {
+        v.push(" rdma_cm QPs\t : ON".to_string());
+        v.push(" Data ex. method : rdma_cm".to_string());
+    } else {
+        v.push(" rdma_cm QPs\t : OFF".to_string());
+        v.push(" Data ex. method : Ethernet".to_string());
+    }
     v
 }
 
