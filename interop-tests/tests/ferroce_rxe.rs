@@ -1565,7 +1565,7 @@ fn perftest_rdma_cm_interop() {
     let mut rows = Vec::new();
     // (tool, ferroce test, matrix label, arguments, opcodes that must show besides the
     // channel's SEND ONLY and the CM MADs)
-    let runs: [(&'static str, &str, &str, &str, &[u8]); 8] = [
+    let runs: [(&'static str, &str, &str, &str, &[u8]); 10] = [
         (
             "ib_write_bw",
             "write",
@@ -1622,6 +1622,22 @@ fn perftest_rdma_cm_interop() {
             "-R -m 1024 -n 50",
             &[0x14, 0x12],
         ),
+        // Every size 2 B – 8 MiB; and a duration run of ib_write_lat, which has no closing
+        // hand-shake (perftest's DREQs tell ferroce it is done).
+        (
+            "ib_write_bw",
+            "write",
+            "WRITE bw -R all sizes × 5",
+            "-R -m 4096 -a -n 5",
+            &[0x06, 0x07, 0x08, 0x0a],
+        ),
+        (
+            "ib_write_lat",
+            "write --lat",
+            "WRITE lat -R -D 3",
+            "-R -m 1024 -s 64 -D 3",
+            &[0x0a],
+        ),
     ];
     for (tool, test, label, args, ops) in runs {
         let set = PerfSet {
@@ -1635,7 +1651,12 @@ fn perftest_rdma_cm_interop() {
         let mut case = perf_case(&env, tool, test, &set, &ops).timeout(60);
         case.operation = label.into();
         case.rdma_cm = true;
-        rows.extend(judge_both(&mut env, case, perftest_extra));
+        let extra = if args.contains("-D") {
+            perftest_duration_extra
+        } else {
+            perftest_extra
+        };
+        rows.extend(judge_both(&mut env, case, extra));
     }
     finish(
         env,

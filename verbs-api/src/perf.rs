@@ -408,6 +408,19 @@ fn peak_rate(posted: &[u64], completed: &[u64], size: u32) -> Option<f64> {
     best.map(|ns| f64::from(size) * 1e9 / ns)
 }
 
+/// The slowest a run may move and still count as moving: a TCG VM under
+/// netem loss moves a few MB/s (perftest itself waits without limit).
+const SLOWEST_RATE: f64 = 1e6;
+
+/// How long a run may go without a completion before it gives up: the
+/// configured time-out, or longer when `bytes` pass between two completions
+/// (one signaled request per `-Q` of 8 MiB each is 400 MiB between them with
+/// `-n 50`, 11 s at 36 MB/s between two TCG VMs).
+fn stall_limit(p: &PerfParams, bytes: u64) -> Duration {
+    p.timeout
+        .max(Duration::from_secs_f64(bytes as f64 / SLOWEST_RATE))
+}
+
 /// Bandwidth, requester side: keep `tx_depth` operations in flight until
 /// `iters` (or `duration`) are complete. For SEND the peer must run
 /// [`bw_receiver`].
@@ -432,6 +445,7 @@ pub fn bw_requester(
         None => u64::from(p.cq_mod.clamp(1, p.tx_depth.max(1))),
     };
     let signaled = |i: u64| (i + 1).is_multiple_of(cq_mod) || i + 1 == p.iters;
+    let stall = stall_limit(p, cq_mod.saturating_mul(u64::from(size)));
     let mut posted = 0u64;
     // Requests known complete: a completion covers its request and the
     // unsignaled ones before it (a QP completes in order).
@@ -506,8 +520,8 @@ pub fn bw_requester(
             // receiver whose own time ran out first may leave a SEND
             // without a receive for good.
             break;
-        } else if last_progress.elapsed() > p.timeout {
-            return Err(Error::Timeout(p.timeout, "bandwidth completions"));
+        } else if last_progress.elapsed() > stall {
+            return Err(Error::Timeout(stall, "bandwidth completions"));
         } else if posted - done >= u64::from(p.tx_depth) || stopping {
             idle(cq, p, p.timeout.min(Duration::from_millis(5)));
         }
@@ -979,7 +993,20 @@ pub fn write_lat(
 
 #[cfg(test)]
 mod tests {
-    use super::{bytes_per_sec_of, peak_rate, perftest_unit};
+    use super::{bytes_per_sec_of, peak_rate, perftest_unit, stall_limit, PerfOp, PerfParams};
+    use std::time::Duration;
+
+    #[test]
+    fn a_run_waits_longer_when_completions_are_far_apart() {
+        let p = PerfParams::new(PerfOp::Write, 8 << 20, 50);
+        // Small gaps keep the configured time-out.
+        assert_eq!(stall_limit(&p, 64 << 10), p.timeout);
+        // 50 × 8 MiB between two completions: at least 419 s at 1 MB/s.
+        assert_eq!(
+            stall_limit(&p, 50 * (8 << 20)),
+            Duration::from_secs_f64(419.4304)
+        );
+    }
 
     #[test]
     fn the_peak_is_the_best_run_of_consecutive_requests() {

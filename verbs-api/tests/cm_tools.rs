@@ -105,8 +105,10 @@ fn bench_rdma_cm_between_namespaces() {
     }
     let topo = Topology::up(&TopologyConfig::default()).unwrap();
     let server_ip = topo.host(0).ipv4.to_string();
-    let runs: [&[&str]; 5] = [
+    let runs: [&[&str]; 6] = [
         &["write", "-s", "65536", "-n", "300"],
+        // A duration run of ib_write_lat has no closing hand-shake.
+        &["write", "--lat", "-s", "64", "-D", "2"],
         &["write", "-s", "4096", "-n", "300", "-q", "3"],
         &["read", "-s", "65536", "-n", "200"],
         &["send", "-s", "8192", "-n", "300"],

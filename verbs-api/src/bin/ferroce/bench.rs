@@ -874,11 +874,27 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         // ib_write_lat just closes its socket after the run (no closing
         // hand-shake, no "done"; seen on the wire). A duration run ends on
         // each side's own clock, and the peer's last WRITE needs our QP.
-        if a.duration.is_some() {
-            session
-                .conn
-                .linger(WRITE_LAT_LINGER)
-                .map_err(|e| e.to_string())?;
+        match (a.duration.is_some(), rdma_cm.as_mut()) {
+            (false, _) => {}
+            (true, None) => {
+                session
+                    .conn
+                    .linger(WRITE_LAT_LINGER)
+                    .map_err(|e| e.to_string())?;
+            }
+            // -R: no socket to close. perftest disconnects its QPs once its
+            // last WRITE completed, so its DREQ says it is done; another
+            // ferroce (which does not wait for its own last WRITE either)
+            // takes one more key message each way.
+            (true, Some(_)) if peer_is_ferroce => {
+                session.conn.sync(&d0).map_err(|e| e.to_string())?;
+            }
+            (true, Some((cm, conns))) => {
+                if let (Some(c), Some(e)) = (conns.first(), ends.first()) {
+                    cm.wait_disconnect(c, &e.qp, WRITE_LAT_LINGER)
+                        .map_err(|e| format!("rdma_cm: {e}"))?;
+                }
+            }
         }
         drop(session);
     } else if a.lat || a.test() == Test::Send || a.bidirectional {
