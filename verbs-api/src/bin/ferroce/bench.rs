@@ -651,9 +651,15 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         let mut cm = CmAgent::new(&ctx, &pd, gid_index).map_err(|e| format!("rdma_cm: {e}"))?;
         let mut channel =
             RdmaCmChannel::new(&ctx, &pd, gid_index).map_err(|e| format!("rdma_cm: {e}"))?;
-        let wait_client = xcfg
-            .accept_timeout
-            .unwrap_or(Duration::from_secs(24 * 3600));
+        // As over TCP: a client tries for the I/O time-out, a server waits
+        // for its client as long as the accept time-out says (by default
+        // without end, as perftest's server does).
+        let wait_client = match dst {
+            Some(_) => xcfg.io_timeout,
+            None => xcfg
+                .accept_timeout
+                .unwrap_or(Duration::from_secs(365 * 24 * 3600)),
+        };
         // perftest's control connection: no READs either way, retries 7.
         let control = ConnParam {
             responder_resources: 0,
