@@ -788,6 +788,17 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         last_size: sizes.last().copied().unwrap_or(0),
     };
     if a.run_infinitely {
+        if let (false, Some((cm, conns))) = (client, rdma_cm.as_mut()) {
+            // -R: no socket to see the client go; its CM's DREQ (sent when it
+            // is stopped) says it is gone.
+            if let (Some(c), Some(e)) = (conns.first(), ends.first()) {
+                while !cm
+                    .wait_disconnect(c, &e.qp, Duration::from_secs(3600))
+                    .map_err(|e| format!("rdma_cm: {e}"))?
+                {}
+            }
+            return Ok(true);
+        }
         return run_infinitely(a, setup, &mut session, client);
     }
     let op = a.op();
