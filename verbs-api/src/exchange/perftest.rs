@@ -97,13 +97,18 @@ impl Link<'_> {
     fn send(&mut self, step: &'static str, msg: &[u8]) -> Result<(), ExchangeError> {
         match self {
             Link::Tcp(w) => w.send(step, msg),
-            Link::Channel { channel, peer, .. } => {
-                channel.send(msg).map_err(|source| ExchangeError::Io {
-                    peer: peer.clone(),
-                    step,
-                    source,
-                })
+            Link::Channel { channel, .. } => {
+                let sent = channel.send(msg);
+                sent.map_err(|source| self.io_err(step, source))
             }
+        }
+    }
+
+    fn io_err(&self, step: &'static str, source: io::Error) -> ExchangeError {
+        ExchangeError::Io {
+            peer: self.peer().to_string(),
+            step,
+            source,
         }
     }
 
@@ -117,42 +122,35 @@ impl Link<'_> {
             Link::Tcp(w) => w.recv_within(step, buf, limit),
             Link::Channel {
                 channel,
-                peer,
                 io_timeout,
-            } => match channel.recv(buf, limit) {
-                Ok(Some(n)) if n == buf.len() => Ok(()),
-                Ok(Some(n)) => Err(ExchangeError::Malformed {
-                    peer: peer.clone(),
-                    step,
-                    source: ParseError::new(
-                        format!("a message of {n} bytes where {} were due", buf.len()),
-                        &buf[..n.min(buf.len())],
-                    ),
-                }),
-                Ok(None) => Err(ExchangeError::Timeout {
-                    peer: peer.clone(),
-                    step,
-                    timeout: limit.unwrap_or(*io_timeout),
-                    got: 0,
-                    want: buf.len(),
-                }),
-                Err(source) => Err(ExchangeError::Io {
-                    peer: peer.clone(),
-                    step,
-                    source,
-                }),
-            },
+                ..
+            } => {
+                let timeout = limit.unwrap_or(*io_timeout);
+                match channel.recv(buf, limit) {
+                    Ok(Some(n)) if n == buf.len() => Ok(()),
+                    Ok(Some(n)) => {
+                        let why = format!("a message of {n} bytes where {} were due", buf.len());
+                        let source = ParseError::new(why, &buf[..n.min(buf.len())]);
+                        Err(self.malformed(step, source))
+                    }
+                    Ok(None) => Err(ExchangeError::Timeout {
+                        peer: self.peer().to_string(),
+                        step,
+                        timeout,
+                        got: 0,
+                        want: buf.len(),
+                    }),
+                    Err(source) => Err(self.io_err(step, source)),
+                }
+            }
         }
     }
 
     fn malformed(&self, step: &'static str, source: ParseError) -> ExchangeError {
-        match self {
-            Link::Tcp(w) => w.malformed(step, source),
-            Link::Channel { peer, .. } => ExchangeError::Malformed {
-                peer: peer.clone(),
-                step,
-                source,
-            },
+        ExchangeError::Malformed {
+            peer: self.peer().to_string(),
+            step,
+            source,
         }
     }
 

@@ -641,7 +641,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         print_header(a, &ctx, mtu, client, out_reads);
     }
     // -R: the CM agent, and the test QPs' connections to close at the end.
-    let mut rdma_cm: Option<(CmAgent<'_>, Vec<CmConnection>)> = None;
+    let mut rdma_cm: Option<CmLinks<'_>> = None;
     let mut session = if a.rdma_cm {
         let dst = a
             .servername
@@ -660,31 +660,24 @@ fn run_inner(a: &Args) -> Result<bool, String> {
                 .accept_timeout
                 .unwrap_or(Duration::from_secs(365 * 24 * 3600)),
         };
-        // perftest's control connection: no READs either way, retries 7.
-        let control = ConnParam {
-            responder_resources: 0,
-            initiator_depth: 0,
-            retry_count: 7,
-            rnr_retry_count: 7,
-            ..ConnParam::default()
-        };
-        let c = cm_establish(&mut cm, channel.qp(), dst, a.port, &control, wait_client)?;
+        // perftest's control connection: no READs either way.
+        let c = cm_establish(
+            &mut cm,
+            channel.qp(),
+            dst,
+            a.port,
+            &perftest_cm_param(0),
+            wait_client,
+        )?;
         channel.set_peer(c.peer_gid.to_canonical().to_string());
         let role = if client { Role::Client } else { Role::Server };
         let conn = PerftestConn::over_channel(Box::new(channel), role, gid_index as u32, &xcfg);
-        // The test QPs: READ/atomic depth as -o says, retries 7 (perftest 4.5).
-        let reads = if matches!(a.test(), Test::Read | Test::Atomic) {
+        // The test QPs: READ/atomic depth as -o says.
+        let test = perftest_cm_param(if matches!(a.test(), Test::Read | Test::Atomic) {
             out_reads
         } else {
             0
-        };
-        let test = ConnParam {
-            responder_resources: reads,
-            initiator_depth: reads,
-            retry_count: 7,
-            rnr_retry_count: 7,
-            ..ConnParam::default()
-        };
+        });
         let mut conns = Vec::new();
         let cm_connect = |_: &Negotiated| -> Result<(), String> {
             for e in &ends {
@@ -701,7 +694,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         };
         let s = perftest::rdma_cm_session(conn, &params, prepare, cm_connect, connect)
             .map_err(|e| e.to_string())?;
-        rdma_cm = Some((cm, conns));
+        rdma_cm = Some(CmLinks { cm, conns });
         if !client && a.table() {
             // perftest 4.5's server says this once the QPs are connected.
             println!(" Waiting for client rdma_cm QP to connect");
@@ -788,15 +781,10 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         last_size: sizes.last().copied().unwrap_or(0),
     };
     if a.run_infinitely {
-        if let (false, Some((cm, conns))) = (client, rdma_cm.as_mut()) {
+        if let (false, Some(links)) = (client, rdma_cm.as_mut()) {
             // -R: no socket to see the client go; its CM's DREQ (sent when it
             // is stopped) says it is gone.
-            if let (Some(c), Some(e)) = (conns.first(), ends.first()) {
-                while !cm
-                    .wait_disconnect(c, &e.qp, Duration::from_secs(3600))
-                    .map_err(|e| format!("rdma_cm: {e}"))?
-                {}
-            }
+            while !links.wait_peer_gone(&ends, Duration::from_secs(3600))? {}
             return Ok(true);
         }
         return run_infinitely(a, setup, &mut session, client);
@@ -906,11 +894,8 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             (true, Some(_)) if peer_is_ferroce => {
                 session.conn.sync(&d0).map_err(|e| e.to_string())?;
             }
-            (true, Some((cm, conns))) => {
-                if let (Some(c), Some(e)) = (conns.first(), ends.first()) {
-                    cm.wait_disconnect(c, &e.qp, WRITE_LAT_LINGER)
-                        .map_err(|e| format!("rdma_cm: {e}"))?;
-                }
+            (true, Some(links)) => {
+                links.wait_peer_gone(&ends, WRITE_LAT_LINGER)?;
             }
         }
         drop(session);
@@ -943,19 +928,56 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     if a.table() {
         println!("{RESULT_LINE}");
     }
-    if let Some((mut cm, conns)) = rdma_cm {
-        // perftest 4.5: both sides rdma_disconnect every test QP (the DREQs
-        // may cross; the agent answers the peer's while waiting for its own).
-        for (c, e) in conns.iter().zip(&ends) {
-            cm.disconnect(c, &e.qp)
-                .map_err(|e| format!("rdma_disconnect: {e}"))?;
-        }
+    if let Some(links) = rdma_cm {
+        links.disconnect_all(&ends)?;
     }
     if let Err(e) = limits.verdict() {
         eprintln!("{e}");
         return Ok(false);
     }
     Ok(all_ok)
+}
+
+/// perftest 4.5's `rdma_conn_param`: `reads` READs/atomics each way, retry
+/// and RNR retry counts 7.
+fn perftest_cm_param(reads: u8) -> ConnParam {
+    ConnParam {
+        responder_resources: reads,
+        initiator_depth: reads,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        ..ConnParam::default()
+    }
+}
+
+/// `-R`: the CM agent and the test QPs' connections, in the order of the QPs.
+struct CmLinks<'a> {
+    cm: CmAgent<'a>,
+    conns: Vec<CmConnection>,
+}
+
+impl CmLinks<'_> {
+    /// Waits up to `limit` for the peer's DREQ on the first test QP: with no
+    /// socket to close, perftest's way of saying it is done. True if it came.
+    fn wait_peer_gone(&mut self, ends: &[End<'_>], limit: Duration) -> Result<bool, String> {
+        let (Some(c), Some(e)) = (self.conns.first(), ends.first()) else {
+            return Ok(true);
+        };
+        self.cm
+            .wait_disconnect(c, &e.qp, limit)
+            .map_err(|e| format!("rdma_cm: {e}"))
+    }
+
+    /// perftest 4.5: both sides rdma_disconnect every test QP (the DREQs
+    /// may cross; the agent answers the peer's while waiting for its own).
+    fn disconnect_all(mut self, ends: &[End<'_>]) -> Result<(), String> {
+        for (c, e) in self.conns.iter().zip(ends) {
+            self.cm
+                .disconnect(c, &e.qp)
+                .map_err(|e| format!("rdma_disconnect: {e}"))?;
+        }
+        Ok(())
+    }
 }
 
 /// Connects `qp` through rdma_cm: `rdma_connect` to `dst` for a client
