@@ -141,13 +141,26 @@ impl Test {
 struct Figure {
     test: Test,
     pair: String,
-    /// MB/s (bandwidth) or µs (typical latency, perftest's t_typical), best of the repeats.
-    value: Option<f64>,
-    /// Every round's figure, in order.
-    samples: Vec<f64>,
     /// Every round's figure in order, `None` for a round that failed (pairs rounds with rxe's).
     rounds: Vec<Option<f64>>,
     note: String,
+}
+
+impl Figure {
+    /// The rounds that gave a figure, in order.
+    fn samples(&self) -> Vec<f64> {
+        self.rounds.iter().flatten().copied().collect()
+    }
+
+    /// MB/s (bandwidth) or µs (typical latency, perftest's t_typical): the
+    /// best of the rounds.
+    fn best(&self) -> Option<f64> {
+        self.rounds
+            .iter()
+            .flatten()
+            .copied()
+            .reduce(|b, v| if self.test.better(v, b) { v } else { b })
+    }
 }
 
 /// The figure of a perftest-shaped result table: the line after the `#bytes` header; the
@@ -202,8 +215,6 @@ pub fn run(o: &SpeedOptions) -> Result<String> {
                 figures.push(Figure {
                     test,
                     pair: pair.to_owned(),
-                    value: None,
-                    samples: Vec::new(),
                     rounds: Vec::new(),
                     note: String::new(),
                 });
@@ -229,12 +240,6 @@ pub fn run(o: &SpeedOptions) -> Result<String> {
             }
         };
         f.rounds.push(got);
-        if let Some(v) = got {
-            f.samples.push(v);
-            if f.value.is_none_or(|b| test.better(v, b)) {
-                f.value = Some(v);
-            }
-        }
         eprintln!(
             "speed: {:<16} {:<30} {}",
             test.label(),
@@ -489,25 +494,25 @@ fn render(
     let _ = writeln!(s, "|---|---|---:|---:|---|---:|---:|---|---|");
     for t in Test::ALL {
         let base = figures.iter().find(|f| f.test == t && f.pair == RXE_PAIR);
-        let base_best = base.and_then(|f| f.value);
-        let base_median = base.and_then(|f| median(&f.samples));
+        let base_best = base.and_then(Figure::best);
+        let base_median = base.and_then(|f| median(&f.samples()));
         for f in figures.iter().filter(|f| f.test == t) {
             let unit = if t.is_lat() { "µs" } else { "MB/s" };
             let ratio = |v: Option<f64>, b: Option<f64>| match (v, b) {
                 (Some(v), Some(b)) => format!("{:.2}×", v / b),
                 _ => "–".into(),
             };
-            let value = match f.value {
+            let value = match f.best() {
                 None => format!("failed: {}", f.note.replace('|', "/")),
                 Some(v) => format!("{v:.2} {unit}"),
             };
-            let med = median(&f.samples);
+            let med = median(&f.samples());
             let target = if f.pair.starts_with("ferroce ⇄ ferroce") {
-                verdict(t, (f.value, base_best), (med, base_median))
+                verdict(t, (f.best(), base_best), (med, base_median))
             } else {
                 ""
             };
-            let rounds: Vec<String> = f.samples.iter().map(|v| format!("{v:.1}")).collect();
+            let rounds: Vec<String> = f.samples().iter().map(|v| format!("{v:.1}")).collect();
             let paired = match base {
                 Some(b) if f.pair != RXE_PAIR => round_ratios(&f.rounds, &b.rounds),
                 _ => String::new(),
@@ -518,7 +523,7 @@ fn render(
                 t.label(),
                 f.pair,
                 value,
-                ratio(f.value, base_best),
+                ratio(f.best(), base_best),
                 target,
                 med.map_or("–".into(), |m| format!("{m:.2} {unit}")),
                 ratio(med, base_median),
