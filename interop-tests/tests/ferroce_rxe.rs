@@ -1565,7 +1565,7 @@ fn perftest_rdma_cm_interop() {
     let mut rows = Vec::new();
     // (tool, ferroce test, matrix label, arguments, opcodes that must show besides the
     // channel's SEND ONLY and the CM MADs)
-    let runs: [(&'static str, &str, &str, &str, &[u8]); 10] = [
+    let runs: [(&'static str, &str, &str, &str, &[u8]); 13] = [
         (
             "ib_write_bw",
             "write",
@@ -1622,6 +1622,30 @@ fn perftest_rdma_cm_interop() {
             "-R -m 1024 -n 50",
             &[0x14, 0x12],
         ),
+        // UD: SIDR_REQ / SIDR_REP name the server's QP (the MADs are UD SEND ONLY to QP1, as
+        // the data); a client that will be answered announces its QPN in a UD SEND WITH
+        // IMMEDIATE (0x65).
+        (
+            "ib_send_bw",
+            "send",
+            "UD SEND bw -R 1 KiB × 200, 2 QPs",
+            "-R -c UD -m 4096 -s 1024 -n 200 -q 2",
+            &[],
+        ),
+        (
+            "ib_send_lat",
+            "send --lat",
+            "UD SEND lat -R 64 B × 100",
+            "-R -c UD -m 1024 -s 64 -n 100",
+            &[0x65],
+        ),
+        (
+            "ib_send_bw",
+            "send",
+            "UD SEND bw -R -b 2 KiB × 200",
+            "-R -c UD -b -m 4096 -s 2048 -n 200",
+            &[0x65],
+        ),
         // Every size 2 B – 8 MiB; and a duration run of ib_write_lat, which has no closing
         // hand-shake (perftest's DREQs tell ferroce it is done).
         (
@@ -1665,9 +1689,11 @@ fn perftest_rdma_cm_interop() {
          control QP on the test's port (CM REQ / REP / RTU on QP1), every exchange message \
          (versions, sizes, MTU, the 56-byte binary `struct pingpong_dest`, the reports) is one \
          SEND over it, then rdma_cm connects the test QPs on the same port between two all-zero \
-         key messages, and after the test both sides send DREQs. Pass: both exit 0, the stock \
-         tool prints its results line, ferroce's data check passes where the peer allows it, \
-         and the capture holds the CM MADs, the channel's SENDs and the test's opcodes.",
+         key messages (UD QPs: SIDR_REQ / SIDR_REP, and a client that will be answered sends \
+         its QPN in a SEND WITH IMMEDIATE), and after the test both sides send DREQs. Pass: \
+         both exit 0, the stock tool prints its results line, ferroce's data check passes \
+         where the peer allows it, and the capture holds the CM MADs, the channel's SENDs and \
+         the test's opcodes.",
         &rows,
     );
 }

@@ -9,6 +9,10 @@
 //! 36-byte header (version 0, IP version, source port, source and
 //! destination addresses), the application's private data after it.
 //!
+//! UD QPs are found by service ID resolution instead (SIDR_REQ / SIDR_REP,
+//! rdma_cm's UDP port space `0x0111 << 16 | port`): the answer names the
+//! QPN and Q_Key to send to; nothing is set up or torn down.
+//!
 //! One [`CmAgent`] per device owns QP1; calls block the calling thread and
 //! handle, on the way, the messages of its other connections (a duplicate
 //! REQ or REP is answered again, a DREQ gets its DREP).
@@ -22,7 +26,8 @@ use ferroce_stack::transport::{
     WcOpcode, WcStatus, WorkCompletion,
 };
 use ferroce_stack::wire::mad::{
-    self, answers, CmMessage, Dreq, Ids, Path as CmPath, Rep, Req, GSI_QKEY, GSI_QPN, MAD_LEN,
+    self, answers, sidr_status, CmMessage, Dreq, Ids, Path as CmPath, Rep, Req, SidrRep, SidrReq,
+    GSI_QKEY, GSI_QPN, MAD_LEN,
 };
 
 use crate::context::{gid_of, Context};
@@ -34,10 +39,19 @@ use crate::qp::{ConnectOptions, QueuePair, RemoteQp};
 
 /// rdma_cm's TCP port space (`RDMA_PS_TCP`): the service ID's bits 16-31.
 pub const PS_TCP: u64 = 0x0106;
+/// rdma_cm's UDP port space (`RDMA_PS_UDP`): UD QPs, found by SIDR.
+pub const PS_UDP: u64 = 0x0111;
+/// The Q_Key rdma_cm gives UD QPs of its UDP port space (`RDMA_UDP_QKEY`
+/// in librdmacm and the kernel's rdma_cm).
+pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
 /// rdma_cm's private-data header in a REQ (`struct cma_hdr`).
 pub const CMA_HDR_LEN: usize = 36;
 /// What an application may put in a REQ after rdma_cm's header.
 pub const REQ_USER_PRIVATE_LEN: usize = mad::REQ_PRIVATE_LEN - CMA_HDR_LEN;
+/// What an application may put in a SIDR_REQ after rdma_cm's header.
+pub const SIDR_USER_PRIVATE_LEN: usize = mad::SIDR_REQ_PRIVATE_LEN - CMA_HDR_LEN;
+/// SIDR answers kept to send again when their request is repeated.
+const SIDR_ANSWERS_KEPT: usize = 32;
 /// A UD receive: the 40-byte GRH area, then the MAD.
 const RECV_LEN: usize = 40 + MAD_LEN;
 /// Receives kept posted on QP1.
@@ -153,6 +167,29 @@ pub struct Request {
     tid: u64,
 }
 
+/// A UD QP a SIDR_REP named (rdma_cm's `ud` event parameters).
+#[derive(Debug, Clone)]
+pub struct UdPeer {
+    pub peer_gid: Ipv6Addr,
+    pub qpn: u32,
+    pub qkey: u32,
+    /// The SIDR_REP's private data.
+    pub private_data: Vec<u8>,
+}
+
+/// A SIDR request waiting for [`CmAgent::accept_ud`] or [`CmAgent::reject_ud`].
+#[derive(Debug, Clone)]
+pub struct UdRequest {
+    /// The peer's address and port, from rdma_cm's header.
+    pub peer: SocketAddr,
+    /// The port it asked for (rdma_cm's UDP port space).
+    pub port: u16,
+    /// The application's private data (after rdma_cm's header).
+    pub private_data: Vec<u8>,
+    req: SidrReq,
+    tid: u64,
+}
+
 /// Where a connection stands, for answering its peer's repeats.
 #[derive(Debug)]
 struct Conn {
@@ -179,6 +216,12 @@ pub struct CmAgent<'a> {
     listening: HashSet<u16>,
     /// Requests taken off QP1 before anyone asked for them.
     pending: Vec<Request>,
+    /// Ports of rdma_cm's UDP space listened on: SIDR requests for them
+    /// wait for [`CmAgent::get_ud_request`].
+    listening_ud: HashSet<u16>,
+    pending_ud: Vec<UdRequest>,
+    /// The last SIDR answers sent: (requester's GID, request ID, answer).
+    sidr_answers: VecDeque<(Ipv6Addr, u32, CmMessage)>,
     /// MADs received and not looked at yet (transaction ID, message).
     inbox: VecDeque<(u64, CmMessage)>,
     /// MADs dropped (not CM, malformed, unknown connection).
@@ -215,8 +258,10 @@ fn cma_header(src: SocketAddr, dst: IpAddr) -> [u8; CMA_HDR_LEN] {
     h
 }
 
-/// The peer's address in a REQ's rdma_cm header.
-fn cma_source(p: &[u8; mad::REQ_PRIVATE_LEN]) -> Option<SocketAddr> {
+/// The peer's address in the rdma_cm header of a REQ's or SIDR_REQ's
+/// private data.
+fn cma_source(p: &[u8]) -> Option<SocketAddr> {
+    let p: &[u8; CMA_HDR_LEN] = p.get(..CMA_HDR_LEN)?.try_into().ok()?;
     if p[0] != 0 {
         return None;
     }
@@ -293,6 +338,9 @@ impl<'a> CmAgent<'a> {
             conns: HashMap::new(),
             listening: HashSet::new(),
             pending: Vec::new(),
+            listening_ud: HashSet::new(),
+            pending_ud: Vec::new(),
+            sidr_answers: VecDeque::new(),
             inbox: VecDeque::new(),
             dropped: 0,
         };
@@ -464,6 +512,18 @@ impl<'a> CmAgent<'a> {
                     return Ok(None);
                 }
             }
+            CmMessage::SidrReq(r) => {
+                let from = cma_source(&r.private_data).map(|a| gid_of(a.ip()));
+                let repeat = self
+                    .sidr_answers
+                    .iter()
+                    .find(|(g, id, _)| Some(*g) == from && *id == r.request_id)
+                    .map(|(g, _, m)| (*g, m.clone()));
+                if let Some((peer, answer)) = repeat {
+                    self.send(peer, tid, &answer)?;
+                    return Ok(None);
+                }
+            }
             CmMessage::Rep(r) => {
                 let repeat = self
                     .conns
@@ -495,14 +555,36 @@ impl<'a> CmAgent<'a> {
         })
     }
 
-    /// Keeps a message no one is waiting for: a REQ for a port listened on
-    /// waits for [`CmAgent::get_request`]; one for another port is rejected
-    /// as the kernel's CM does (invalid service ID); anything else is dropped.
+    /// A SIDR_REQ for rdma_cm's UDP port space as a [`UdRequest`].
+    fn ud_request_of(tid: u64, r: SidrReq) -> Option<UdRequest> {
+        if r.service_id >> 16 != PS_UDP {
+            return None;
+        }
+        let peer = cma_source(&r.private_data)?;
+        Some(UdRequest {
+            peer,
+            port: (r.service_id & 0xffff) as u16,
+            private_data: r.private_data[CMA_HDR_LEN..].to_vec(),
+            req: r,
+            tid,
+        })
+    }
+
+    /// Keeps a message no one is waiting for: a REQ (SIDR_REQ) for a port
+    /// listened on waits for [`CmAgent::get_request`]
+    /// ([`CmAgent::get_ud_request`]); one for another port is refused as
+    /// the kernel's CM does (REJ: invalid service ID; SIDR_REP: service ID
+    /// not supported); anything else is dropped.
     fn stash(&mut self, tid: u64, msg: CmMessage) -> Result<()> {
         match msg {
             CmMessage::Req(r) => match Self::request_of(tid, *r) {
                 Some(req) if self.listening.contains(&req.port) => self.pending.push(req),
                 Some(req) => self.reject(&req, REJ_INVALID_SERVICE_ID)?,
+                None => self.dropped += 1,
+            },
+            CmMessage::SidrReq(r) => match Self::ud_request_of(tid, *r) {
+                Some(req) if self.listening_ud.contains(&req.port) => self.pending_ud.push(req),
+                Some(req) => self.reject_ud(&req, sidr_status::UNSUPPORTED)?,
                 None => self.dropped += 1,
             },
             _ => self.dropped += 1,
@@ -817,12 +899,133 @@ impl<'a> CmAgent<'a> {
         self.send(peer, request.tid, &msg)
     }
 
+    /// rdma_connect for a UD QP (rdma_cm's UDP port space): asks the
+    /// connection manager at `dst` which QP serves its port (SIDR_REQ,
+    /// sent again until answered) and returns what the SIDR_REP names. A
+    /// refusal comes back as [`Error::SidrRefused`].
+    pub fn resolve_ud(&mut self, dst: SocketAddr, private_data: &[u8]) -> Result<UdPeer> {
+        let peer_gid = gid_of(dst.ip());
+        let my_gid = self.ctx.query_gid(self.sgid_index)?;
+        let my_ip = my_gid
+            .to_ipv4_mapped()
+            .map_or(IpAddr::V6(my_gid), IpAddr::V4);
+        let request_id = self.new_comm_id();
+        let src = SocketAddr::new(my_ip, 0x8000 | (request_id as u16 & 0x7fff));
+        let mut private: [u8; mad::SIDR_REQ_PRIVATE_LEN] =
+            private_of(private_data, SIDR_USER_PRIVATE_LEN)?;
+        private[..CMA_HDR_LEN].copy_from_slice(&cma_header(src, dst.ip()));
+        let req = CmMessage::SidrReq(Box::new(SidrReq {
+            request_id,
+            partition_key: 0xffff,
+            service_id: PS_UDP << 16 | u64::from(dst.port()),
+            private_data: private,
+        }));
+        let tid = self.next_tid();
+        match self.await_answer(peer_gid, tid, &req, request_id, |m| {
+            matches!(m, CmMessage::SidrRep(_))
+        })? {
+            CmMessage::SidrRep(rep) if rep.status == sidr_status::SUCCESS => Ok(UdPeer {
+                peer_gid,
+                qpn: rep.qpn,
+                qkey: rep.qkey,
+                private_data: rep.private_data.to_vec(),
+            }),
+            CmMessage::SidrRep(rep) => Err(Error::SidrRefused { status: rep.status }),
+            other => Err(Error::Cm(format!("a SIDR_REP expected, got {other:?}"))),
+        }
+    }
+
+    /// rdma_listen in rdma_cm's UDP port space: SIDR requests for `port`
+    /// are kept for [`CmAgent::get_ud_request`] (others are refused).
+    pub fn listen_ud(&mut self, port: u16) {
+        self.listening_ud.insert(port);
+    }
+
+    /// rdma_get_request for a UD port: the next SIDR request for `port`,
+    /// waiting up to `timeout`.
+    pub fn get_ud_request(&mut self, port: u16, timeout: Duration) -> Result<UdRequest> {
+        self.listen_ud(port);
+        if let Some(i) = self.pending_ud.iter().position(|r| r.port == port) {
+            return Ok(self.pending_ud.remove(i));
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let Some((t, m)) = self.next_until(deadline)? else {
+                return Err(Error::Timeout(timeout, "a SIDR request"));
+            };
+            match m {
+                CmMessage::SidrReq(r) => match Self::ud_request_of(t, *r) {
+                    Some(req) if req.port == port => return Ok(req),
+                    Some(req) => self.stash(req.tid, CmMessage::SidrReq(Box::new(req.req)))?,
+                    None => self.dropped += 1,
+                },
+                other => self.stash(t, other)?,
+            }
+        }
+    }
+
+    /// rdma_accept for a UD port: answers `request` with `qp`'s QPN and
+    /// Q_Key (rdma_cm's UD QPs carry [`RDMA_UDP_QKEY`]). Nothing to wait
+    /// for: a repeated request gets the same answer.
+    pub fn accept_ud(
+        &mut self,
+        request: &UdRequest,
+        qp: &QueuePair<'_>,
+        private_data: &[u8],
+    ) -> Result<()> {
+        if qp.qp_type() != QpType::Ud {
+            return Err(Error::Cm("SIDR answers with a UD QP".into()));
+        }
+        let qkey = qp.query()?.qkey;
+        let private = private_of(private_data, mad::SIDR_REP_PRIVATE_LEN)?;
+        self.answer_ud(request, sidr_status::SUCCESS, qp.qpn(), qkey, private)
+    }
+
+    /// rdma_reject for a UD port: a SIDR_REP with `status`.
+    pub fn reject_ud(&mut self, request: &UdRequest, status: u8) -> Result<()> {
+        self.answer_ud(request, status, 0, 0, [0; mad::SIDR_REP_PRIVATE_LEN])
+    }
+
+    fn answer_ud(
+        &mut self,
+        request: &UdRequest,
+        status: u8,
+        qpn: u32,
+        qkey: u32,
+        private_data: [u8; mad::SIDR_REP_PRIVATE_LEN],
+    ) -> Result<()> {
+        let peer = gid_of(request.peer.ip());
+        let rep = CmMessage::SidrRep(Box::new(SidrRep {
+            request_id: request.req.request_id,
+            status,
+            add_info_len: 0,
+            qpn,
+            service_id: request.req.service_id,
+            qkey,
+            info: [0; mad::SIDR_REP_INFO_LEN],
+            private_data,
+        }));
+        if self.sidr_answers.len() >= SIDR_ANSWERS_KEPT {
+            self.sidr_answers.pop_front();
+        }
+        self.sidr_answers
+            .push_back((peer, request.req.request_id, rep.clone()));
+        self.send(peer, request.tid, &rep)
+    }
+
     /// rdma_disconnect: `qp` goes to ERR (what it still holds completes
     /// flushed) and the peer gets a DREQ; its DREP, or its own DREQ, ends it.
     /// Without an answer after a few sends the connection is dropped all the
     /// same (the peer's time-wait covers it).
     pub fn disconnect(&mut self, conn: &Connection, qp: &QueuePair<'_>) -> Result<()> {
         to_error(qp)?;
+        self.disconnect_id(conn)
+    }
+
+    /// rdma_disconnect without a QP to flush: the DREQ exchange alone, as
+    /// the kernel's CM sends it for a connected rdma_cm ID destroyed at
+    /// process exit (the QP goes when it is dropped).
+    pub fn disconnect_id(&mut self, conn: &Connection) -> Result<()> {
         if !self.gone(conn) {
             let tid = self.next_tid();
             let dreq = CmMessage::Dreq(Dreq {
@@ -858,6 +1061,15 @@ impl<'a> CmAgent<'a> {
         qp: &QueuePair<'_>,
         timeout: Duration,
     ) -> Result<bool> {
+        let gone = self.wait_disconnect_id(conn, timeout)?;
+        if gone {
+            to_error(qp)?;
+        }
+        Ok(gone)
+    }
+
+    /// [`CmAgent::wait_disconnect`] without a QP to flush.
+    pub fn wait_disconnect_id(&mut self, conn: &Connection, timeout: Duration) -> Result<bool> {
         let deadline = Instant::now() + timeout;
         let gone = loop {
             if self.gone(conn) {
@@ -871,7 +1083,6 @@ impl<'a> CmAgent<'a> {
             }
         };
         if gone {
-            to_error(qp)?;
             self.conns.remove(&conn.local_comm_id);
         }
         Ok(gone)

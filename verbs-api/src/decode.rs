@@ -314,6 +314,19 @@ pub fn cm_text(p: &ParsedPacket<'_>) -> Option<String> {
         CmMessage::Mra(m) => format!("MsgRcptAck {ids} timeout={}", m.service_timeout),
         CmMessage::Dreq(d) => format!("DisconnectRequest {ids} qpn={:#x}", d.remote_qpn),
         CmMessage::Drep(_) => format!("DisconnectReply {ids}"),
+        // Wireshark's names for the two.
+        CmMessage::SidrReq(r) => format!(
+            "ServiceIDResReq req={:#x} tid={:#x} service={:#x}",
+            r.request_id, h.transaction_id, r.service_id
+        ),
+        CmMessage::SidrRep(r) => format!(
+            "ServiceIDResReqResp req={:#x} tid={:#x} status={} qpn={:#x} qkey={:#x}",
+            r.request_id,
+            h.transaction_id,
+            mad::sidr_status::name(r.status),
+            r.qpn,
+            r.qkey
+        ),
     })
 }
 

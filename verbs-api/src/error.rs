@@ -40,6 +40,10 @@ pub enum Error {
     /// The peer's connection manager refused the connection (a CM REJ).
     #[error("connection rejected by the peer: reason {reason} ({})", crate::cm::reject_reason_name(*reason))]
     Rejected { reason: u16 },
+    /// The peer's connection manager answered a SIDR request with a status
+    /// other than success.
+    #[error("service ID resolution refused by the peer: status {status} ({})", ferroce_stack::wire::mad::sidr_status::name(*status))]
+    SidrRefused { status: u8 },
     /// A connection-manager exchange went wrong (an unexpected message).
     #[error("connection manager: {0}")]
     Cm(String),

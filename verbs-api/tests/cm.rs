@@ -1,14 +1,17 @@
 //! The connection manager (rdma_cm over QP1) between two devices on the
 //! in-memory switch: connect / accept with private data both ways, SENDs
 //! over the connection it set up, disconnect; a REQ for a port no one
-//! listens on is rejected.
+//! listens on is rejected; SIDR resolves a UD port to a QP and its Q_Key, and
+//! a SIDR request no one serves is refused.
 
 use std::net::{Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use ferroce_verbs::cm::{CmAgent, ConnParam, REJ_INVALID_SERVICE_ID};
+use ferroce_stack::wire::mad::sidr_status;
+use ferroce_verbs::cm::{CmAgent, ConnParam, RDMA_UDP_QKEY, REJ_INVALID_SERVICE_ID};
 use ferroce_verbs::{
-    AccessFlags, Context, EngineMode, Error, OpenOptions, QpType, RecvWr, SendOp, SendWr, WcStatus,
+    AccessFlags, ConnectOptions, Context, EngineMode, Error, OpenOptions, QpType, RecvWr, RemoteQp,
+    SendOp, SendWr, UdDest, WcStatus,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -125,5 +128,90 @@ fn a_port_no_one_listens_on_is_rejected() {
             Err(Error::Rejected { reason }) => assert_eq!(reason, REJ_INVALID_SERVICE_ID),
             other => panic!("expected a REJ, got {other:?}"),
         }
+    });
+}
+
+#[test]
+fn sidr_resolves_a_ud_port_and_refuses_an_unserved_one() {
+    let (cs, cc) = pair();
+    std::thread::scope(|s| {
+        let srv = s.spawn(|| {
+            let pd = cs.alloc_pd();
+            let mut cm = CmAgent::new(&cs, &pd, 0).unwrap();
+            let cq = cs.create_cq(8).unwrap();
+            let qp = pd.create_qp().qp_type(QpType::Ud).build(&cq, &cq).unwrap();
+            let opts = ConnectOptions {
+                qkey: RDMA_UDP_QKEY,
+                ..ConnectOptions::default()
+            };
+            qp.to_init(&opts).unwrap();
+            let me = RemoteQp {
+                qpn: 0,
+                psn: 0,
+                gid: cs.query_gid(0).unwrap(),
+            };
+            qp.connect(&cs, &me, &opts).unwrap();
+            let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+            let sge = [mr.sge(0, 40 + 8)];
+            qp.post_recv(&[RecvWr {
+                wr_id: 1,
+                sg_list: &sge,
+            }])
+            .unwrap();
+            // The request for 7000 (not served) is refused meanwhile.
+            let req = cm.get_ud_request(7471, T).unwrap();
+            assert_eq!(&req.private_data[..3], b"udp");
+            assert_eq!(req.port, 7471);
+            cm.accept_ud(&req, &qp, b"ok").unwrap();
+            // The client's first UD SEND reaches the QP SIDR named.
+            let wc = cq.poll_n(1, T).unwrap();
+            assert_eq!(wc[0].status, WcStatus::Success, "{:?}", wc[0]);
+            let mut got = [0u8; 8];
+            mr.read(40, &mut got).unwrap();
+            assert_eq!(&got, b"datagram");
+            qp.qpn()
+        });
+        let pd = cc.alloc_pd();
+        let mut cm = CmAgent::new(&cc, &pd, 0).unwrap();
+        let unserved: SocketAddr = "198.18.0.1:7000".parse().unwrap();
+        match cm.resolve_ud(unserved, b"udp") {
+            Err(Error::SidrRefused { status }) => assert_eq!(status, sidr_status::UNSUPPORTED),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let dst: SocketAddr = "198.18.0.1:7471".parse().unwrap();
+        let peer = loop {
+            match cm.resolve_ud(dst, b"udp") {
+                Err(Error::SidrRefused { .. }) => std::thread::sleep(Duration::from_millis(50)),
+                other => break other.unwrap(),
+            }
+        };
+        assert_eq!(peer.qkey, RDMA_UDP_QKEY);
+        assert_eq!(&peer.private_data[..2], b"ok");
+        let cq = cc.create_cq(8).unwrap();
+        let qp = pd.create_qp().qp_type(QpType::Ud).build(&cq, &cq).unwrap();
+        let opts = ConnectOptions {
+            qkey: RDMA_UDP_QKEY,
+            ..ConnectOptions::default()
+        };
+        qp.to_init(&opts).unwrap();
+        let me = RemoteQp {
+            qpn: 0,
+            psn: 0,
+            gid: cc.query_gid(0).unwrap(),
+        };
+        qp.connect(&cc, &me, &opts).unwrap();
+        let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        mr.write(0, b"datagram").unwrap();
+        let sge = [mr.sge(0, 8)];
+        let mut wr = SendWr::new(2, SendOp::Send, &sge);
+        wr.flags.signaled = true;
+        wr.ud = Some(UdDest {
+            path: opts.path_to(&cc, peer.peer_gid).unwrap(),
+            remote_qpn: peer.qpn,
+            remote_qkey: peer.qkey,
+        });
+        qp.post_send(&[wr]).unwrap();
+        assert_eq!(cq.poll_n(1, T).unwrap()[0].status, WcStatus::Success);
+        assert_eq!(peer.qpn, srv.join().unwrap());
     });
 }

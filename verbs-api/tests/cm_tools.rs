@@ -105,7 +105,7 @@ fn bench_rdma_cm_between_namespaces() {
     }
     let topo = Topology::up(&TopologyConfig::default()).unwrap();
     let server_ip = topo.host(0).ipv4.to_string();
-    let runs: [&[&str]; 6] = [
+    let runs: [&[&str]; 9] = [
         &["write", "-s", "65536", "-n", "300"],
         // A duration run of ib_write_lat has no closing hand-shake.
         &["write", "--lat", "-s", "64", "-D", "2"],
@@ -113,6 +113,11 @@ fn bench_rdma_cm_between_namespaces() {
         &["read", "-s", "65536", "-n", "200"],
         &["send", "-s", "8192", "-n", "300"],
         &["send", "--lat", "-s", "8", "-n", "300"],
+        // UD: SIDR names the server's QP; a client that will be answered
+        // announces its QPN in a SEND WITH IMMEDIATE.
+        &["send", "-c", "UD", "-s", "1024", "-n", "300", "-q", "2"],
+        &["send", "--lat", "-c", "UD", "-s", "8", "-n", "300"],
+        &["send", "-c", "UD", "-b", "-s", "2048", "-n", "300"],
     ];
     for backend in ["udp", "afpacket"] {
         for run in runs {

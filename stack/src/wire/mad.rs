@@ -1,7 +1,8 @@
 //! Communication Management MADs: the 256-byte management datagrams the
 //! connection manager (rdma_cm, the kernel's `ib_cm`) exchanges between the
 //! general service QPs (QP1) to set up and tear down RC connections
-//! (IBTA Vol 1 §12.6, §13.4). Carried as the payload of a UD SEND to QP1
+//! (IBTA Vol 1 §12.6, §13.4), and to resolve a service ID to a UD QP
+//! (SIDR, §12.11). Carried as the payload of a UD SEND to QP1
 //! with Q_Key [`GSI_QKEY`].
 //!
 //! Field positions from IBTA Vol 1 tables 106-113 (the kernel's
@@ -34,6 +35,8 @@ pub mod attr {
     pub const RTU: u16 = 0x0014;
     pub const DREQ: u16 = 0x0015;
     pub const DREP: u16 = 0x0016;
+    pub const SIDR_REQ: u16 = 0x0017;
+    pub const SIDR_REP: u16 = 0x0018;
 }
 
 /// Private data each message carries (IBTA tables 106-113).
@@ -46,6 +49,35 @@ pub const DREQ_PRIVATE_LEN: usize = 220;
 pub const DREP_PRIVATE_LEN: usize = 224;
 /// A REJ's additional rejection information.
 pub const REJ_ARI_LEN: usize = 72;
+/// SIDR messages (IBTA tables 114-115; the kernel's cm_msgs.h sizes).
+pub const SIDR_REQ_PRIVATE_LEN: usize = 216;
+pub const SIDR_REP_INFO_LEN: usize = 72;
+pub const SIDR_REP_PRIVATE_LEN: usize = 136;
+
+/// SIDR_REP status values (IBTA table 116; the kernel's `ib_cm_sidr_status`).
+pub mod sidr_status {
+    /// The QPN and Q_Key are valid.
+    pub const SUCCESS: u8 = 0;
+    /// No one serves the service ID.
+    pub const UNSUPPORTED: u8 = 1;
+    pub const REJECT: u8 = 2;
+    pub const NO_QP: u8 = 3;
+    pub const REDIRECT: u8 = 4;
+    pub const UNSUPPORTED_VERSION: u8 = 5;
+
+    /// The kernel's name for a status.
+    pub fn name(status: u8) -> &'static str {
+        match status {
+            SUCCESS => "success",
+            UNSUPPORTED => "service ID not supported",
+            REJECT => "rejected",
+            NO_QP => "no QP",
+            REDIRECT => "redirect",
+            UNSUPPORTED_VERSION => "unsupported version",
+            _ => "unknown",
+        }
+    }
+}
 
 /// Why a MAD was not taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -202,6 +234,33 @@ pub struct Dreq {
     pub remote_qpn: u32,
 }
 
+/// Service ID resolution request (IBTA table 114): which UD QP serves
+/// `service_id`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SidrReq {
+    pub request_id: u32,
+    pub partition_key: u16,
+    pub service_id: u64,
+    pub private_data: [u8; SIDR_REQ_PRIVATE_LEN],
+}
+
+/// Service ID resolution response (IBTA table 115).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SidrRep {
+    /// The request's.
+    pub request_id: u32,
+    /// [`sidr_status`].
+    pub status: u8,
+    pub add_info_len: u8,
+    /// 24 bits.
+    pub qpn: u32,
+    pub service_id: u64,
+    pub qkey: u32,
+    /// ClassPortInfo for a redirect, else zero.
+    pub info: [u8; SIDR_REP_INFO_LEN],
+    pub private_data: [u8; SIDR_REP_PRIVATE_LEN],
+}
+
 /// The CM messages ferroce speaks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CmMessage {
@@ -212,6 +271,8 @@ pub enum CmMessage {
     Rtu(Ids),
     Dreq(Dreq),
     Drep(Ids),
+    SidrReq(Box<SidrReq>),
+    SidrRep(Box<SidrRep>),
 }
 
 impl CmMessage {
@@ -224,10 +285,13 @@ impl CmMessage {
             CmMessage::Rtu(_) => attr::RTU,
             CmMessage::Dreq(_) => attr::DREQ,
             CmMessage::Drep(_) => attr::DREP,
+            CmMessage::SidrReq(_) => attr::SIDR_REQ,
+            CmMessage::SidrRep(_) => attr::SIDR_REP,
         }
     }
 
-    /// The sender's communication ID.
+    /// The sender's communication ID (a SIDR_REQ's request ID; 0 in a
+    /// SIDR_REP, which answers with the requester's).
     pub fn local_comm_id(&self) -> u32 {
         match self {
             CmMessage::Req(m) => m.local_comm_id,
@@ -236,10 +300,13 @@ impl CmMessage {
             CmMessage::Rep(m) => m.local_comm_id,
             CmMessage::Rtu(m) | CmMessage::Drep(m) => m.local_comm_id,
             CmMessage::Dreq(m) => m.local_comm_id,
+            CmMessage::SidrReq(m) => m.request_id,
+            CmMessage::SidrRep(_) => 0,
         }
     }
 
-    /// The receiver's communication ID (0 in a REQ).
+    /// The receiver's communication ID (0 in a REQ and a SIDR_REQ; a
+    /// SIDR_REP's request ID).
     pub fn remote_comm_id(&self) -> u32 {
         match self {
             CmMessage::Req(_) => 0,
@@ -248,6 +315,8 @@ impl CmMessage {
             CmMessage::Rep(m) => m.remote_comm_id,
             CmMessage::Rtu(m) | CmMessage::Drep(m) => m.remote_comm_id,
             CmMessage::Dreq(m) => m.remote_comm_id,
+            CmMessage::SidrReq(_) => 0,
+            CmMessage::SidrRep(m) => m.request_id,
         }
     }
 }
@@ -409,6 +478,22 @@ pub fn parse(mad: &[u8]) -> Result<(Header, CmMessage)> {
             remote_qpn: be24(m, 8),
         }),
         attr::DREP => CmMessage::Drep(ids(m)),
+        attr::SIDR_REQ => CmMessage::SidrReq(Box::new(SidrReq {
+            request_id: be32(m, 0),
+            partition_key: be16(m, 4),
+            service_id: be64(m, 8),
+            private_data: array(m, 16),
+        })),
+        attr::SIDR_REP => CmMessage::SidrRep(Box::new(SidrRep {
+            request_id: be32(m, 0),
+            status: m[4],
+            add_info_len: m[5],
+            qpn: be24(m, 8),
+            service_id: be64(m, 12),
+            qkey: be32(m, 20),
+            info: array(m, 24),
+            private_data: array(m, 96),
+        })),
         other => return Err(Error::Attribute(other)),
     };
     Ok((h, msg))
@@ -425,8 +510,10 @@ pub fn emit(transaction_id: u64, msg: &CmMessage) -> [u8; MAD_LEN] {
     put64(&mut mad, 8, transaction_id);
     put16(&mut mad, 16, msg.attribute_id());
     let m = &mut mad[HEADER_LEN..];
-    put32(m, 0, msg.local_comm_id());
-    put32(m, 4, msg.remote_comm_id());
+    if !matches!(msg, CmMessage::SidrReq(_) | CmMessage::SidrRep(_)) {
+        put32(m, 0, msg.local_comm_id());
+        put32(m, 4, msg.remote_comm_id());
+    }
     match msg {
         CmMessage::Req(r) => {
             put32(m, 4, 0);
@@ -474,6 +561,22 @@ pub fn emit(transaction_id: u64, msg: &CmMessage) -> [u8; MAD_LEN] {
         }
         CmMessage::Rtu(_) | CmMessage::Drep(_) => {}
         CmMessage::Dreq(r) => put24(m, 8, r.remote_qpn),
+        CmMessage::SidrReq(r) => {
+            put32(m, 0, r.request_id);
+            put16(m, 4, r.partition_key);
+            put64(m, 8, r.service_id);
+            m[16..16 + SIDR_REQ_PRIVATE_LEN].copy_from_slice(&r.private_data);
+        }
+        CmMessage::SidrRep(r) => {
+            put32(m, 0, r.request_id);
+            m[4] = r.status;
+            m[5] = r.add_info_len;
+            put24(m, 8, r.qpn);
+            put64(m, 12, r.service_id);
+            put32(m, 20, r.qkey);
+            m[24..24 + SIDR_REP_INFO_LEN].copy_from_slice(&r.info);
+            m[96..96 + SIDR_REP_PRIVATE_LEN].copy_from_slice(&r.private_data);
+        }
     }
     mad
 }
@@ -633,6 +736,56 @@ mod tests {
             })),
         );
         assert_eq!(rep[HEADER_LEN + 27], 0xe0);
+    }
+
+    /// `ib_send_bw -R -c UD` between two rxe peers (perftest 4.5, Debian
+    /// 12), the MADs of the SIDR_REQ and SIDR_REP it sent.
+    #[test]
+    fn sidr_messages_match_an_rxe_capture() {
+        let mut req = [0u8; MAD_LEN];
+        req[..24].copy_from_slice(&[
+            0x01, 0x07, 0x02, 0x03, 0, 0, 0, 0, 0, 0, 0, 0x02, 0xb8, 0x47, 0xee, 0x94, 0x00, 0x17,
+            0, 0, 0, 0, 0, 0,
+        ]);
+        req[24..48].copy_from_slice(&[
+            0x94, 0xee, 0x47, 0xb8, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0x01, 0x11, 0x48, 0x53, 0x00,
+            0x40, 0xbb, 0x38, 0, 0, 0, 0,
+        ]);
+        req[60..64].copy_from_slice(&[10, 77, 0, 11]);
+        req[76..80].copy_from_slice(&[10, 77, 0, 10]);
+        let (h, msg) = parse(&req).unwrap();
+        assert_eq!(h.transaction_id, 0x0000_0002_b847_ee94);
+        let CmMessage::SidrReq(r) = &msg else {
+            panic!("{msg:?}")
+        };
+        assert_eq!(r.request_id, 0x94ee_47b8);
+        assert_eq!(r.partition_key, 0xffff);
+        // rdma_cm's UDP port space (0x0111), port 18515.
+        assert_eq!(r.service_id, 0x0111_4853);
+        assert_eq!(&r.private_data[..4], &[0x00, 0x40, 0xbb, 0x38]);
+        assert_eq!(emit(h.transaction_id, &msg), req);
+
+        let mut rep = [0u8; MAD_LEN];
+        rep[..24].copy_from_slice(&req[..24]);
+        rep[17] = 0x18;
+        rep[24..48].copy_from_slice(&[
+            0x94, 0xee, 0x47, 0xb8, 0, 0, 0, 0, 0x00, 0x00, 0x12, 0x00, 0, 0, 0, 0, 0x01, 0x11,
+            0x48, 0x53, 0x01, 0x23, 0x45, 0x67,
+        ]);
+        let (_, msg) = parse(&rep).unwrap();
+        let want = SidrRep {
+            request_id: 0x94ee_47b8,
+            status: sidr_status::SUCCESS,
+            add_info_len: 0,
+            qpn: 0x12,
+            service_id: 0x0111_4853,
+            qkey: 0x0123_4567,
+            info: [0; SIDR_REP_INFO_LEN],
+            private_data: [0; SIDR_REP_PRIVATE_LEN],
+        };
+        assert_eq!(msg, CmMessage::SidrRep(Box::new(want)));
+        assert_eq!(msg.remote_comm_id(), 0x94ee_47b8);
+        assert_eq!(emit(h.transaction_id, &msg), rep);
     }
 
     #[test]

@@ -6,7 +6,11 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use ferroce_verbs::cm::{CmAgent, ConnParam, Connection as CmConnection, REJ_INVALID_SERVICE_ID};
+use ferroce_stack::wire::mad::sidr_status;
+use ferroce_verbs::cm::UdPeer;
+use ferroce_verbs::cm::{
+    CmAgent, ConnParam, Connection as CmConnection, RDMA_UDP_QKEY, REJ_INVALID_SERVICE_ID,
+};
 use ferroce_verbs::device::ib_mtu_enum;
 use ferroce_verbs::exchange::perftest::{self, BwReport, Negotiated, PerftestConn, PerftestParams};
 use ferroce_verbs::exchange::rdma_cm::RdmaCmChannel;
@@ -14,7 +18,7 @@ use ferroce_verbs::exchange::{self, ExchangeConfig, PerftestDest, Role};
 use ferroce_verbs::perf::{self, PerfOp, PerfParams, PerfResult, RemoteBuf};
 use ferroce_verbs::{
     Backend, CompletionQueue, ConnectOptions, Context, EngineMode, MemoryRegion, QpType, QueuePair,
-    RemoteQp, UdDest,
+    RecvWr, RemoteQp, SendOp, SendWr, UdDest, WcStatus, WorkCompletion,
 };
 
 use crate::common;
@@ -147,8 +151,9 @@ pub struct Args {
 
     /// Connect with rdma_cm instead of the TCP exchange (perftest's `-R`):
     /// the exchange runs over an RC connection of its own that rdma_cm sets
-    /// up on the port first, then rdma_cm connects the test QPs; the peer
-    /// must use -R too. RC only.
+    /// up on the port first, then rdma_cm connects the test QPs (UD: service
+    /// ID resolution names the server's QPs); the peer must use -R too. RC
+    /// and UD (librdmacm has no UC).
     #[arg(short = 'R', long = "rdma_cm")]
     pub rdma_cm: bool,
     /// Bidirectional bandwidth (perftest's `-b`): both sides run the test
@@ -430,10 +435,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         match a.connection {
             // perftest's words.
             Connection::UC => return Err("UC is not supported in librdmacm".into()),
-            Connection::UD => {
-                return Err("-R with -c UD (rdma_cm's SIDR) is not supported by ferroce".into())
-            }
-            Connection::RC => {}
+            Connection::UD | Connection::RC => {}
         }
     }
     if a.no_peak && a.lat {
@@ -541,6 +543,12 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         traffic_class: a.tclass,
         hop_limit: a.hop_limit.unwrap_or(defaults.hop_limit),
         flow_label: a.flow_label,
+        // rdma_cm gives its UD QPs its own Q_Key (perftest's 0x11111111 otherwise).
+        qkey: if a.rdma_cm {
+            RDMA_UDP_QKEY
+        } else {
+            defaults.qkey
+        },
         ..defaults
     };
     let mut ends = Vec::new();
@@ -566,6 +574,16 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             .build(&cq, rcq.as_ref().unwrap_or(&cq))
             .map_err(|e| format!("Couldn't create QP: {e}"))?;
         qp.to_init(&opts).map_err(|e| e.to_string())?;
+        if a.rdma_cm && ud {
+            // librdmacm takes a UD QP to RTS when it creates it: the peer
+            // may send as soon as SIDR named it.
+            let me = RemoteQp {
+                qpn: 0,
+                psn: 0,
+                gid,
+            };
+            qp.connect(&ctx, &me, &opts).map_err(|e| e.to_string())?;
+        }
         ends.push(End { qp, cq, rcq });
     }
     let my_dests: Vec<PerftestDest> = ends
@@ -642,6 +660,8 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     }
     // -R: the CM agent, and the test QPs' connections to close at the end.
     let mut rdma_cm: Option<CmLinks<'_>> = None;
+    // -R -c UD: per QP, the peer's UD QP as SIDR (or its announcement) named it.
+    let mut ud_peers: Vec<Option<UdPeer>> = Vec::new();
     let mut session = if a.rdma_cm {
         let dst = a
             .servername
@@ -679,22 +699,42 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             0
         });
         let mut conns = Vec::new();
+        // perftest: a UD client that will be answered (latency, -b) tells
+        // the server its QPN in a SEND WITH IMMEDIATE once SIDR named the
+        // server's QP; SIDR carries no QPN of the requester.
+        let announce = a.lat || a.bidirectional;
         let cm_connect = |_: &Negotiated| -> Result<(), String> {
-            for e in &ends {
-                conns.push(cm_establish(
-                    &mut cm,
-                    &e.qp,
-                    dst,
-                    a.port,
-                    &test,
-                    xcfg.io_timeout,
-                )?);
+            for (i, e) in ends.iter().enumerate() {
+                if ud {
+                    let at = i as u64 * per_qp;
+                    let to = UdTarget {
+                        dst,
+                        port: a.port,
+                        announce,
+                        opts,
+                    };
+                    let peer = cm_resolve_ud(&mut cm, &ctx, e, &mr, at, &to, xcfg.io_timeout)?;
+                    ud_peers.push(peer);
+                } else {
+                    conns.push(cm_establish(
+                        &mut cm,
+                        &e.qp,
+                        dst,
+                        a.port,
+                        &test,
+                        xcfg.io_timeout,
+                    )?);
+                }
             }
             Ok(())
         };
         let s = perftest::rdma_cm_session(conn, &params, prepare, cm_connect, connect)
             .map_err(|e| e.to_string())?;
-        rdma_cm = Some(CmLinks { cm, conns });
+        rdma_cm = Some(CmLinks {
+            cm,
+            control: c,
+            conns,
+        });
         if !client && a.table() {
             // perftest 4.5's server says this once the QPs are connected.
             println!(" Waiting for client rdma_cm QP to connect");
@@ -725,16 +765,22 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     let remotes: Vec<RemoteBuf> = session
         .remote_dests
         .iter()
-        .map(|d| -> Result<RemoteBuf, String> {
+        .enumerate()
+        .map(|(i, d)| -> Result<RemoteBuf, String> {
             let ud = if ud {
-                // perftest's address handle: the peer's GID and QPN, its Q_Key.
+                // perftest's address handle: the peer's GID and QPN, its
+                // Q_Key; with -R what SIDR or the client's announcement said.
+                let (gid, qpn, qkey) = match ud_peers.get(i).and_then(Option::as_ref) {
+                    Some(p) => (p.peer_gid, p.qpn, p.qkey),
+                    None => (std::net::Ipv6Addr::from(d.gid), d.qpn, opts.qkey),
+                };
                 let path = opts
-                    .path_to(&ctx, std::net::Ipv6Addr::from(d.gid))
+                    .path_to(&ctx, gid)
                     .map_err(|e| format!("Couldn't create AH: {e}"))?;
                 Some(UdDest {
                     path,
-                    remote_qpn: d.qpn,
-                    remote_qkey: opts.qkey,
+                    remote_qpn: qpn,
+                    remote_qkey: qkey,
                 })
             } else {
                 None
@@ -950,34 +996,165 @@ fn perftest_cm_param(reads: u8) -> ConnParam {
     }
 }
 
-/// `-R`: the CM agent and the test QPs' connections, in the order of the QPs.
+/// `-R`: the CM agent, the control connection, and the test QPs'
+/// connections in the order of the QPs (none for UD).
 struct CmLinks<'a> {
     cm: CmAgent<'a>,
+    control: CmConnection,
     conns: Vec<CmConnection>,
 }
 
 impl CmLinks<'_> {
-    /// Waits up to `limit` for the peer's DREQ on the first test QP: with no
-    /// socket to close, perftest's way of saying it is done. True if it came.
+    /// Waits up to `limit` for the peer's DREQ on the first test QP (on the
+    /// control connection for UD, whose QPs have none): with no socket to
+    /// close, perftest's way of saying it is done. True if it came.
     fn wait_peer_gone(&mut self, ends: &[End<'_>], limit: Duration) -> Result<bool, String> {
-        let (Some(c), Some(e)) = (self.conns.first(), ends.first()) else {
-            return Ok(true);
-        };
-        self.cm
-            .wait_disconnect(c, &e.qp, limit)
-            .map_err(|e| format!("rdma_cm: {e}"))
+        match (self.conns.first(), ends.first()) {
+            (Some(c), Some(e)) => self.cm.wait_disconnect(c, &e.qp, limit),
+            _ => self.cm.wait_disconnect_id(&self.control, limit),
+        }
+        .map_err(|e| format!("rdma_cm: {e}"))
     }
 
     /// perftest 4.5: both sides rdma_disconnect every test QP (the DREQs
-    /// may cross; the agent answers the peer's while waiting for its own).
+    /// may cross; the agent answers the peer's while waiting for its own),
+    /// then the control connection goes as the kernel ends it when
+    /// perftest exits (a DREQ each way, seen on the wire).
     fn disconnect_all(mut self, ends: &[End<'_>]) -> Result<(), String> {
         for (c, e) in self.conns.iter().zip(ends) {
             self.cm
                 .disconnect(c, &e.qp)
                 .map_err(|e| format!("rdma_disconnect: {e}"))?;
         }
-        Ok(())
+        self.cm
+            .disconnect_id(&self.control)
+            .map_err(|e| format!("rdma_disconnect: {e}"))
     }
+}
+
+/// Where `-R -c UD` finds its peer: the server (a client) or the port
+/// served (a server), and whether the client announces its QPN.
+#[derive(Debug, Clone, Copy)]
+struct UdTarget {
+    dst: Option<std::net::SocketAddr>,
+    port: u16,
+    announce: bool,
+    /// The test QPs' options (GID index, traffic class, hop limit).
+    opts: ConnectOptions,
+}
+
+/// wr_id of the UD announcement's send and receive (no test WR uses it).
+const ANNOUNCE_WR_ID: u64 = u64::MAX - 1;
+
+/// `-R -c UD`, one test QP. A client resolves the server's port to a UD QP
+/// by SIDR (again while the server refuses the port: it listens only after
+/// a hand-shake) and, with `announce`, sends it a 4-byte SEND WITH
+/// IMMEDIATE carrying its own QPN from `mr` at `at`. A server takes the
+/// next SIDR request and answers it with its QP; with `announce` it first
+/// posts one receive (GRH + 4 bytes at `at`) for the client's announcement
+/// and then takes the peer's QPN from it. perftest 4.5's
+/// `rdma_cm_establish_ud_connection` and `rdma_cm_request_ud_connection_parameters`
+/// do the same. A unidirectional server learns nothing (None: it never sends).
+fn cm_resolve_ud(
+    cm: &mut CmAgent<'_>,
+    ctx: &Context,
+    end: &End<'_>,
+    mr: &MemoryRegion<'_>,
+    at: u64,
+    to: &UdTarget,
+    timeout: Duration,
+) -> Result<Option<UdPeer>, String> {
+    let UdTarget {
+        dst,
+        port,
+        announce,
+        opts,
+    } = *to;
+    let deadline = std::time::Instant::now() + timeout;
+    let Some(dst) = dst else {
+        let req = cm
+            .get_ud_request(port, timeout)
+            .map_err(|e| format!("rdma_get_request: {e}"))?;
+        let sge = [mr.sge(at, perf::UD_GRH + 4)];
+        if announce {
+            end.qp
+                .post_recv(&[RecvWr {
+                    wr_id: ANNOUNCE_WR_ID,
+                    sg_list: &sge,
+                }])
+                .map_err(|e| format!("Couldn't post receive: {e}"))?;
+        }
+        cm.accept_ud(&req, &end.qp, &[])
+            .map_err(|e| format!("rdma_accept: {e}"))?;
+        if !announce {
+            return Ok(None);
+        }
+        let rcq = end.rcq.as_ref().unwrap_or(&end.cq);
+        let wc = announce_completion(rcq, deadline)?;
+        let qpn = wc
+            .imm_data
+            .ok_or("the client's announcement carried no immediate data")?;
+        let qkey = end.qp.query().map_err(|e| e.to_string())?.qkey;
+        return Ok(Some(UdPeer {
+            peer_gid: ferroce_verbs::context::gid_of(req.peer.ip()),
+            qpn,
+            qkey,
+            private_data: Vec::new(),
+        }));
+    };
+    let peer = loop {
+        match cm.resolve_ud(dst, &[]) {
+            Ok(p) => break p,
+            Err(ferroce_verbs::Error::SidrRefused { status })
+                if status == sidr_status::UNSUPPORTED && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(format!("rdma_connect to {dst}: {e}")),
+        }
+    };
+    if announce {
+        let path = opts
+            .path_to(ctx, peer.peer_gid)
+            .map_err(|e| format!("Couldn't create AH: {e}"))?;
+        let sge = [mr.sge(at, 4)];
+        let mut wr = SendWr::new(
+            ANNOUNCE_WR_ID,
+            SendOp::SendWithImm { imm: end.qp.qpn() },
+            &sge,
+        );
+        wr.flags.signaled = true;
+        wr.ud = Some(UdDest {
+            path,
+            remote_qpn: peer.qpn,
+            remote_qkey: peer.qkey,
+        });
+        end.qp
+            .post_send(&[wr])
+            .map_err(|e| format!("Couldn't post send: {e}"))?;
+        announce_completion(&end.cq, deadline)?;
+    }
+    Ok(Some(peer))
+}
+
+/// The announcement's completion on `cq`, successful, before `deadline`.
+fn announce_completion(
+    cq: &CompletionQueue,
+    deadline: std::time::Instant,
+) -> Result<WorkCompletion, String> {
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    let wc = cq
+        .poll_n(1, left.max(Duration::from_millis(1)))
+        .map_err(|e| format!("rdma_cm UD announcement: {e}"))?
+        .pop()
+        .ok_or("rdma_cm UD announcement: no completion")?;
+    if wc.wr_id != ANNOUNCE_WR_ID || wc.status != WcStatus::Success {
+        return Err(format!(
+            "rdma_cm UD announcement: completion {:?} with status {:?}",
+            wc.opcode, wc.status
+        ));
+    }
+    Ok(wc)
 }
 
 /// Connects `qp` through rdma_cm: `rdma_connect` to `dst` for a client
