@@ -806,7 +806,10 @@ pub fn send_lat_from(
         if !answered {
             break;
         }
-        if clock.is_none() {
+        // A server's first iteration also waited for the client to start
+        // (perftest's UD client with -R pauses ~0.2 s first): as perftest's
+        // samples, which run from one send to the next, it has none.
+        if clock.is_none() && (client || i > 0) {
             lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
         }
         i += 1;
