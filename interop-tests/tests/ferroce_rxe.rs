@@ -1939,7 +1939,8 @@ fn bad_rkey_interop() {
 
 /// librdmacm's `rdma_server` / `rdma_client` examples and `rping` in the VM against `ferroce
 /// rdma-client` / `rdma-server` / `rping` on the host: the kernel's CM and ferroce's exchange
-/// REQ, REP and RTU over QP1, data moves over the RC connection, then DREQ / DREP; both tools
+/// REQ, REP and RTU over QP1, data moves over the RC connection, then DREQ / DREP; and `udaddy`
+/// against `ferroce udaddy`: SIDR_REQ / SIDR_REP name a UD QP, messages go both ways. Both tools
 /// must succeed, and the capture must hold the whole exchange with good ICRCs.
 #[test]
 fn rdma_cm_interop() {
@@ -1947,7 +1948,7 @@ fn rdma_cm_interop() {
         return;
     };
     let mut rows = Vec::new();
-    for tool in [CmTool::Examples, CmTool::Rping] {
+    for tool in [CmTool::Examples, CmTool::Rping, CmTool::Udaddy] {
         for ferroce_serves in [false, true] {
             rows.push(rdma_cm_case(&env, tool, ferroce_serves));
         }
@@ -1963,8 +1964,11 @@ fn rdma_cm_interop() {
          answers with 16; pass: both print `end 0`. `rping -C 3 -v -V` (port 7174): per ping \
          the client advertises its source buffer, the server RDMA READs it, the client \
          advertises its sink, the server RDMA WRITEs the data back, the client compares; pass: \
-         both exit 0, three pings printed by each side. In every case the capture must hold \
-         the CM MADs (UD SEND 0x64 to QP1) and the RC traffic, each frame with a good ICRC.",
+         both exit 0, three pings printed by each side. `udaddy -C 5 -S 1000` (port 7174 in \
+         rdma_cm's UDP port space): SIDR_REQ / SIDR_REP name the server's UD QP and Q_Key, the \
+         client sends 5 UD SENDs WITH IMMEDIATE (its QPN), the server answers 5 to that QPN; \
+         pass: both print `return status 0`. In every case the capture must hold the CM MADs \
+         (UD SEND 0x64 to QP1) and the data traffic, each frame with a good ICRC.",
         &rows,
     );
 }
@@ -1976,6 +1980,8 @@ enum CmTool {
     Examples,
     /// `rping -s` / `rping -c`.
     Rping,
+    /// `udaddy` / `udaddy -s`.
+    Udaddy,
 }
 
 fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
@@ -2011,12 +2017,35 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
             // READ request / response, WRITE, SENDs, ACKs.
             &[0x64, 0x04, 0x0c, 0x10, 0x0a, 0x11],
         ),
+        CmTool::Udaddy => (
+            "cm-udaddy",
+            "udaddy -C 5 -S 1000".to_string(),
+            format!("udaddy -s {} -C 5 -S 1000", env.lab.host_ipv4()),
+            vec![
+                "udaddy".to_string(),
+                "-C".into(),
+                "5".into(),
+                "-S".into(),
+                "1000".into(),
+            ],
+            vec![
+                "udaddy".to_string(),
+                "-s".into(),
+                env.vm().ip().to_string(),
+                "-C".into(),
+                "5".into(),
+                "-S".into(),
+                "1000".into(),
+            ],
+            // The SIDR MADs and the UD SENDs WITH IMMEDIATE.
+            &[0x64, 0x65],
+        ),
     };
     let tag = format!("{tag}-{}", if ferroce_serves { "server" } else { "client" });
     let pcap = env.dir.join(format!("{tag}.pcap"));
     let vm = env.vm();
     let dev = match tool {
-        CmTool::Examples => "-d",
+        CmTool::Examples | CmTool::Udaddy => "-d",
         CmTool::Rping => "--ib-dev",
     };
     let base = [
@@ -2100,6 +2129,9 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
                     };
                     out.lines().filter(|l| l.starts_with(prefix)).count() == 3
                 }
+                CmTool::Udaddy => {
+                    out.contains("data transfers complete") && out.contains("return status 0")
+                }
             };
         if !good {
             let said = o
@@ -2134,6 +2166,14 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
             format!("rping {}", if ferroce_serves { "-c" } else { "-s" }),
             "rdma_cm connect, 3 pings (READ + WRITE of 64 B each), -V, disconnect",
             "port 7174",
+        ),
+        CmTool::Udaddy => (
+            format!(
+                "udaddy{} (librdmacm)",
+                if ferroce_serves { " -s" } else { "" }
+            ),
+            "SIDR resolve, 5 UD SENDs WITH IMM of 1000 B each way",
+            "UDP port space, port 7174",
         ),
     };
     Row {

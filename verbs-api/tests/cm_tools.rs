@@ -1,6 +1,6 @@
-//! `ferroce rdma-server` / `rdma-client` and `ferroce rping` between two
-//! namespace hosts (connections set up by the CM over QP1), on each packet
-//! engine. Needs root; skips with a message without it. (Against the stock
+//! `ferroce rdma-server` / `rdma-client`, `ferroce rping` and `ferroce
+//! udaddy` between two namespace hosts (connections set up, UD QPs resolved,
+//! by the CM over QP1), on each packet engine. Needs root; skips with a message without it. (Against the stock
 //! librdmacm tools on rxe: interop-tests' rdma_cm_interop.)
 
 use std::process::{Command, Output, Stdio};
@@ -90,6 +90,21 @@ fn rdma_cm_tools_between_namespaces() {
             "{backend}: {}",
             text(&c)
         );
+
+        // Two UD QPs, each resolved by SIDR; 4 messages of 2000 B each way.
+        let srv = with(&["udaddy", "-c", "2", "-C", "4", "-S", "2000"], "-d");
+        let mut cli = with(&["udaddy", "-c", "2", "-C", "4", "-S", "2000"], "-d");
+        cli.extend(["-s".to_string(), server_ip.clone()]);
+        let (s, c) = pair(&topo, &refs(&srv), &refs(&cli));
+        for (side, o) in [("server", &s), ("client", &c)] {
+            let t = text(o);
+            assert!(
+                o.status.success()
+                    && t.contains("data transfers complete")
+                    && t.contains("return status 0"),
+                "{backend} udaddy {side}: {t}"
+            );
+        }
     }
 }
 

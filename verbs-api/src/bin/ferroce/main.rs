@@ -13,6 +13,7 @@ mod devices;
 mod pingpong;
 mod rdma_cm;
 mod rping;
+mod udaddy;
 
 use clap::{Parser, Subcommand};
 use ferroce_verbs::decode::{decode_capture, Format};
@@ -60,6 +61,10 @@ enum Command {
     /// librdmacm's rping over an rdma_cm connection: `-s` serves, `-c -a ADDR`
     /// pings (-C count, -S size, -v shows, -V checks the data).
     Rping(rping::Args),
+    /// librdmacm's udaddy: UD QPs found by SIDR over QP1 (port 7174); the
+    /// client (`-s ADDR`) sends `-C` messages of `-S` bytes, the server
+    /// answers each.
+    Udaddy(udaddy::Args),
     /// List usable interfaces, their backends, MTU and GID table (like ibv_devinfo).
     Devices {
         /// Also list interfaces that are down or have no usable backend.
@@ -114,6 +119,7 @@ fn main() -> ExitCode {
         Command::RdmaServer(a) => ExitCode::from(rdma_cm::run(a, true) as u8),
         Command::RdmaClient(a) => ExitCode::from(rdma_cm::run(a, false) as u8),
         Command::Rping(a) => ExitCode::from(rping::run(a) as u8),
+        Command::Udaddy(a) => ExitCode::from(udaddy::run(a) as u8),
         Command::Devices { stats: true, all } => ExitCode::from(devices::stats(all) as u8),
         Command::Devices { all, .. } => ExitCode::from(devices::run(all) as u8),
         Command::Demo { backend } => ExitCode::from(demo::run(backend) as u8),

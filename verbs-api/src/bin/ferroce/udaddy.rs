@@ -1,0 +1,352 @@
+//! `ferroce udaddy`: librdmacm's `udaddy` example, UD QPs found through the
+//! connection manager's service ID resolution (SIDR_REQ / SIDR_REP over QP1,
+//! rdma_cm's UDP port space, port 7174) instead of a TCP exchange, so either
+//! side can face the stock tool. The client sends `-C` messages of `-S` bytes
+//! (SEND WITH IMMEDIATE carrying its QPN: SIDR tells the server nothing about
+//! the client's QP), the server answers each to the QPN it read there; same
+//! flags, same output lines. Nothing is torn down on the wire: UD has no
+//! connection.
+
+use std::net::{IpAddr, Ipv6Addr};
+use std::time::Duration;
+
+use clap::Parser;
+use ferroce_stack::wire::mad::sidr_status;
+use ferroce_verbs::cm::{CmAgent, UdPeer, RDMA_UDP_QKEY};
+use ferroce_verbs::context::gid_of;
+use ferroce_verbs::{
+    AccessFlags, Backend, CompletionQueue, ConnectOptions, Context, EngineMode, MemoryRegion,
+    ProtectionDomain, QpType, QueuePair, RecvWr, RemoteQp, SendOp, SendWr, UdDest, WcOpcode,
+    WcStatus,
+};
+
+use crate::common;
+
+/// udaddy's port, in rdma_cm's UDP port space.
+const PORT: u16 = 7174;
+/// A UD receive starts with the 40-byte GRH.
+const GRH: u32 = 40;
+/// rdma_cm's port-space numbers (`-p`): UDP, and IPoIB, which ferroce lacks.
+const PS_UDP: u32 = 0x0111;
+const PS_IPOIB: u32 = 0x0002;
+
+#[derive(Parser, Debug)]
+pub struct Args {
+    /// Server address: run as the client (the server otherwise).
+    #[arg(short = 's')]
+    pub server: Option<String>,
+    /// Source address: its GID is the one used.
+    #[arg(short = 'b')]
+    pub bind: Option<String>,
+    /// Connections (UD QPs), each with its own exchange.
+    #[arg(short = 'c', default_value_t = 1)]
+    pub connections: u32,
+    /// Messages each way per connection.
+    #[arg(short = 'C', default_value_t = 10)]
+    pub count: u32,
+    /// Message size in bytes (at most the path MTU).
+    #[arg(short = 'S', default_value_t = 100)]
+    pub size: u32,
+    /// Type of service (the traffic class of the client's messages).
+    #[arg(short = 't', value_parser = parse_c_number)]
+    pub tos: Option<u32>,
+    /// Port space number (udaddy's `-p`): only rdma_cm's UDP one, 0x0111.
+    #[arg(short = 'p', value_parser = parse_c_number)]
+    pub port_space: Option<u32>,
+    /// Port space by name: udp (ipoib is not available in ferroce).
+    #[arg(short = 'P')]
+    pub port_space_name: Option<String>,
+    /// Address format: ip or name (gid needs AF_IB, which RoCE has not).
+    #[arg(short = 'f')]
+    pub format: Option<String>,
+    /// Device (interface, or ferroce_<ifname>).
+    #[arg(short = 'd', long = "ib-dev")]
+    pub dev: Option<String>,
+    /// Packet engine: auto, afxdp, afpacket or udp.
+    #[arg(long, default_value = "auto")]
+    pub backend: Backend,
+    /// GID index (default: the `-b` address's, else the IPv4-mapped one).
+    #[arg(short = 'x', long = "gid-index")]
+    pub gid_index: Option<usize>,
+    /// Give up after this long without the peer or a message (seconds; the
+    /// stock tool waits without end, and a lost UD message is never resent).
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
+}
+
+/// strtoul(…, 0)'s forms: decimal, 0x hex, 0 octal.
+fn parse_c_number(s: &str) -> Result<u32, String> {
+    let r = if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        u32::from_str_radix(h, 16)
+    } else if s.len() > 1 && s.starts_with('0') {
+        u32::from_str_radix(&s[1..], 8)
+    } else {
+        s.parse()
+    };
+    r.map_err(|_| format!("{s:?} is not a number"))
+}
+
+/// `udaddy`; the exit status is the example's `ret` (0 or 1).
+pub fn run(a: Args) -> i32 {
+    let server = a.server.is_none();
+    println!(
+        "udaddy: starting {}",
+        if server { "server" } else { "client" }
+    );
+    let ret = match session(&a) {
+        Ok(()) => {
+            println!("test complete");
+            0
+        }
+        Err(e) => {
+            println!("udaddy: {e}");
+            1
+        }
+    };
+    println!("return status {ret}");
+    ret
+}
+
+/// One connection: its QP, CQ and the one buffer every receive and send uses
+/// (as udaddy: GRH + message).
+struct Node<'pd> {
+    qp: QueuePair<'pd>,
+    cq: CompletionQueue,
+    mr: MemoryRegion<'pd>,
+    /// Where replies (client: messages) go.
+    peer: Option<UdPeer>,
+}
+
+fn session(a: &Args) -> Result<(), String> {
+    match (a.port_space, a.port_space_name.as_deref()) {
+        (Some(PS_UDP), _) | (None, None | Some("udp")) => {}
+        (Some(PS_IPOIB), _) | (None, Some("ipoib")) => {
+            return Err("the IPoIB port space is not available in ferroce (use udp)".into())
+        }
+        (Some(ps), _) => return Err(format!("unknown port space {ps:#x}")),
+        (None, Some(_)) => eprintln!("Warning: unknown port space format"),
+    }
+    match a.format.as_deref() {
+        None | Some("ip") | Some("name") => {}
+        Some("gid") => return Err("-f gid needs AF_IB, which RoCE has not".into()),
+        Some(_) => eprintln!("Warning: unknown address format"),
+    }
+    let timeout = Duration::from_secs(a.timeout);
+    let ctx = common::open_device(a.dev.as_deref(), a.backend, EngineMode::Thread, None)?;
+    let gid_index = gid_index(a, &ctx)?;
+    let mtu = ctx.query_port().active_mtu;
+    if a.size > mtu {
+        return Err(format!(
+            "message_size {} is larger than active mtu {mtu}",
+            a.size
+        ));
+    }
+    let pd = ctx.alloc_pd();
+    let mut cm = CmAgent::new(&ctx, &pd, gid_index).map_err(|e| e.to_string())?;
+    let opts = ConnectOptions {
+        path_mtu: mtu,
+        sgid_index: gid_index,
+        qkey: RDMA_UDP_QKEY,
+        traffic_class: a.tos.map_or(0, |t| t as u8),
+        ..ConnectOptions::default()
+    };
+    let mut nodes = Vec::new();
+    match &a.server {
+        Some(host) => {
+            println!("udaddy: connecting");
+            let dst = common::resolve(host, PORT).map_err(|e| format!("rdma_getaddrinfo: {e}"))?;
+            for _ in 0..a.connections {
+                let mut node = Node::new(&ctx, &pd, a, &opts)?;
+                let peer = cm.resolve_ud(dst, &[]).map_err(|e| match e {
+                    ferroce_verbs::Error::SidrRefused { status } => format!(
+                        "event: RDMA_CM_EVENT_UNREACHABLE, error: SIDR status {status} ({})",
+                        sidr_status::name(status)
+                    ),
+                    e => format!("rdma_connect: {e}"),
+                })?;
+                node.peer = Some(peer);
+                nodes.push(node);
+            }
+            if a.count > 0 && a.size > 0 {
+                println!("initiating data transfers");
+                for n in &nodes {
+                    n.post_sends(&ctx, &opts, a, false)?;
+                }
+                println!("receiving data transfers");
+                for n in &nodes {
+                    n.receive(a.count, timeout)?;
+                }
+                println!("data transfers complete");
+            }
+        }
+        None => {
+            cm.listen_ud(PORT);
+            for _ in 0..a.connections {
+                let req = cm
+                    .get_ud_request(PORT, timeout)
+                    .map_err(|e| format!("rdma_get_request: {e}"))?;
+                let mut node = Node::new(&ctx, &pd, a, &opts)?;
+                cm.accept_ud(&req, &node.qp, &[])
+                    .map_err(|e| format!("failing connection request: {e}"))?;
+                node.peer = Some(UdPeer {
+                    peer_gid: gid_of(req.peer.ip()),
+                    qpn: 0,
+                    qkey: RDMA_UDP_QKEY,
+                    private_data: Vec::new(),
+                });
+                nodes.push(node);
+            }
+            if a.count > 0 && a.size > 0 {
+                println!("receiving data transfers");
+                for n in &mut nodes {
+                    // udaddy answers the QPN the first message's immediate names.
+                    let qpn = n.receive(a.count, timeout)?;
+                    if let Some(p) = n.peer.as_mut() {
+                        p.qpn = qpn;
+                    }
+                }
+                println!("sending replies");
+                for n in &nodes {
+                    n.post_sends(&ctx, &opts, a, true)?;
+                    n.sent(a.count, timeout)?;
+                }
+                println!("data transfers complete");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `-x`, else the GID of `-b`'s address, else the IPv4-mapped one.
+fn gid_index(a: &Args, ctx: &Context) -> Result<usize, String> {
+    if let Some(i) = a.gid_index {
+        return Ok(i);
+    }
+    let Some(b) = a.bind.as_deref() else {
+        return Ok(common::default_gid_index(ctx));
+    };
+    let ip: IpAddr = b
+        .parse()
+        .map_err(|_| format!("rdma_bind_addr: {b:?} is not an address"))?;
+    let want: Ipv6Addr = gid_of(ip);
+    ctx.gids()
+        .iter()
+        .position(|g| *g == want)
+        .ok_or_else(|| format!("rdma_bind_addr: {b} is not an address of this device"))
+}
+
+impl<'pd> Node<'pd> {
+    /// udaddy's init_node and post_recvs: a CQ of 2 × count, a UD QP of
+    /// count WRs each way (in RTS, as librdmacm leaves it), one buffer of
+    /// GRH + size, and count receives posted on it.
+    fn new(
+        ctx: &Context,
+        pd: &'pd ProtectionDomain,
+        a: &Args,
+        opts: &ConnectOptions,
+    ) -> Result<Node<'pd>, String> {
+        let depth = a.count.max(1);
+        let cq = ctx
+            .create_cq(2 * depth)
+            .map_err(|e| format!("ibv_create_cq: {e}"))?;
+        let qp = pd
+            .create_qp()
+            .qp_type(QpType::Ud)
+            .max_send_wr(depth)
+            .max_recv_wr(depth)
+            .build(&cq, &cq)
+            .map_err(|e| format!("rdma_create_qp: {e}"))?;
+        qp.to_init(opts).map_err(|e| e.to_string())?;
+        let me = RemoteQp {
+            qpn: 0,
+            psn: 0,
+            gid: ctx.query_gid(opts.sgid_index).map_err(|e| e.to_string())?,
+        };
+        qp.connect(ctx, &me, opts).map_err(|e| e.to_string())?;
+        let mr = pd
+            .reg_mr((a.size + GRH) as usize, AccessFlags::LOCAL_WRITE)
+            .map_err(|e| format!("ibv_reg_mr: {e}"))?;
+        if a.size > 0 {
+            let sge = [mr.sge(0, a.size + GRH)];
+            for i in 0..a.count {
+                qp.post_recv(&[RecvWr {
+                    wr_id: u64::from(i),
+                    sg_list: &sge,
+                }])
+                .map_err(|e| format!("ibv_post_recv: {e}"))?;
+            }
+        }
+        Ok(Node {
+            qp,
+            cq,
+            mr,
+            peer: None,
+        })
+    }
+
+    /// count SEND WITH IMMEDIATE (this QP's number) of size bytes from the
+    /// buffer's start to the peer; signaled only when `signaled` (the
+    /// server's, whose completions it counts).
+    fn post_sends(
+        &self,
+        ctx: &Context,
+        opts: &ConnectOptions,
+        a: &Args,
+        signaled: bool,
+    ) -> Result<(), String> {
+        let peer = self.peer.as_ref().ok_or("no peer to send to")?;
+        let path = opts
+            .path_to(ctx, peer.peer_gid)
+            .map_err(|e| format!("ibv_create_ah: {e}"))?;
+        let sge = [self.mr.sge(0, a.size)];
+        for i in 0..a.count {
+            let mut wr = SendWr::new(
+                u64::from(i),
+                SendOp::SendWithImm { imm: self.qp.qpn() },
+                &sge,
+            );
+            wr.flags.signaled = signaled;
+            wr.ud = Some(UdDest {
+                path,
+                remote_qpn: peer.qpn,
+                remote_qkey: peer.qkey,
+            });
+            self.qp
+                .post_send(&[wr])
+                .map_err(|e| format!("failed to post sends: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Waits for `count` received messages; returns the QPN the first one's
+    /// immediate data names.
+    fn receive(&self, count: u32, timeout: Duration) -> Result<u32, String> {
+        let wcs = self
+            .cq
+            .poll_n(count as usize, timeout)
+            .map_err(|e| format!("receiving data transfers: {e}"))?;
+        let mut qpn = None;
+        for wc in &wcs {
+            if wc.status != WcStatus::Success || wc.opcode != WcOpcode::Recv {
+                return Err(format!(
+                    "receive completion {:?} with status {:?}",
+                    wc.opcode, wc.status
+                ));
+            }
+            qpn = qpn.or(wc.imm_data);
+        }
+        qpn.ok_or_else(|| "the messages carried no immediate data (the sender's QPN)".into())
+    }
+
+    /// Waits for the `count` send completions of the replies.
+    fn sent(&self, count: u32, timeout: Duration) -> Result<(), String> {
+        let wcs = self
+            .cq
+            .poll_n(count as usize, timeout)
+            .map_err(|e| format!("sending replies: {e}"))?;
+        match wcs.iter().find(|wc| wc.status != WcStatus::Success) {
+            Some(wc) => Err(format!("send completion with status {:?}", wc.status)),
+            None => Ok(()),
+        }
+    }
+}
