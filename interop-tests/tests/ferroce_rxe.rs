@@ -1113,6 +1113,36 @@ fn roce_frames(pcap: &Path) -> Result<Vec<RoceFrame>, String> {
     Ok(v)
 }
 
+/// [`perftest_extra`], and every RDMA WRITE of the run, from both sides, carries the TOS `-T`
+/// gave ([`TCLASS`]): rdma_cm's control connection keeps TOS 0, the test QPs take it, the
+/// passive side from the REQ's path.
+fn rdma_cm_tos_extra(o: &Outcome) -> Result<String, String> {
+    let check = perftest_extra(o)?;
+    let writes: Vec<RoceFrame> = roce_frames(&o.pcap)?
+        .into_iter()
+        .filter(|f| (0x06..=0x0b).contains(&f.opcode))
+        .collect();
+    let mut sources: Vec<&[u8]> = writes.iter().map(|f| f.src.as_slice()).collect();
+    sources.sort();
+    sources.dedup();
+    if sources.len() != 2 {
+        return Err(format!(
+            "RDMA WRITEs from {} addresses in the capture, expected both sides'",
+            sources.len()
+        ));
+    }
+    if let Some(f) = writes.iter().find(|f| f.tclass != TCLASS) {
+        return Err(format!(
+            "a WRITE from {:02x?} has TOS {}, expected {TCLASS}",
+            f.src, f.tclass
+        ));
+    }
+    Ok(format!(
+        "{check}; all {} WRITEs, both ways: TOS {TCLASS}",
+        writes.len()
+    ))
+}
+
 /// [`perftest_extra`], and every RoCE packet of the run, from both sides, carries [`TCLASS`]
 /// (rxe takes it from the QP's GRH attributes as ferroce does).
 fn tclass_extra(o: &Outcome) -> Result<String, String> {
@@ -1682,6 +1712,23 @@ fn perftest_rdma_cm_interop() {
         };
         rows.extend(judge_both(&mut env, case, extra));
     }
+    // perftest's -T: rdma_cm carries the TOS in the REQ's path; both sides' WRITEs carry it.
+    let set = PerfSet {
+        args: "-R -T 106 -m 1024 -s 64 -n 100",
+        ipv6: false,
+        what: "",
+    };
+    let mut case = perf_case(
+        &env,
+        "ib_write_lat",
+        "write --lat",
+        &set,
+        &[0x04, 0x64, 0x0a],
+    )
+    .timeout(60);
+    case.operation = "WRITE lat -R -T 106 (TOS)".into();
+    case.rdma_cm = true;
+    rows.extend(judge_both(&mut env, case, rdma_cm_tos_extra));
     finish(
         env,
         "perftest-rdma-cm",
@@ -1690,7 +1737,8 @@ fn perftest_rdma_cm_interop() {
          (versions, sizes, MTU, the 56-byte binary `struct pingpong_dest`, the reports) is one \
          SEND over it, then rdma_cm connects the test QPs on the same port between two all-zero \
          key messages (UD QPs: SIDR_REQ / SIDR_REP, and a client that will be answered sends \
-         its QPN in a SEND WITH IMMEDIATE), and after the test both sides send DREQs. Pass: \
+         its QPN in a SEND WITH IMMEDIATE), and after the test both sides send DREQs; `-T` \
+         gives the test QPs a TOS (carried in the REQ's path). Pass: \
          both exit 0, the stock tool prints its results line, ferroce's data check passes \
          where the peer allows it, and the capture holds the CM MADs, the channel's SENDs and \
          the test's opcodes.",

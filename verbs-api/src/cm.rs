@@ -127,6 +127,10 @@ pub struct ConnParam {
     pub rnr_retry_count: u8,
     /// The QP's local ACK time-out (4.096 µs × 2^n), also offered in a REQ.
     pub ack_timeout: u8,
+    /// The connection's traffic class (IPv4 TOS / IPv6 traffic class), as
+    /// rdma_set_option's TOS: in the REQ's path, so the passive side, which
+    /// takes its path from the REQ, sends with it too.
+    pub traffic_class: u8,
 }
 
 impl Default for ConnParam {
@@ -138,6 +142,7 @@ impl Default for ConnParam {
             retry_count: 7,
             rnr_retry_count: 7,
             ack_timeout: 14,
+            traffic_class: 0,
         }
     }
 }
@@ -598,10 +603,11 @@ impl<'a> CmAgent<'a> {
         self.listening.insert(port);
     }
 
-    fn options(&self, path_mtu: u32) -> ConnectOptions {
+    fn options(&self, path_mtu: u32, traffic_class: u8) -> ConnectOptions {
         ConnectOptions {
             path_mtu,
             sgid_index: self.sgid_index,
+            traffic_class,
             ..ConnectOptions::default()
         }
     }
@@ -625,7 +631,7 @@ impl<'a> CmAgent<'a> {
             .to_ipv4_mapped()
             .map_or(IpAddr::V6(my_gid), IpAddr::V4);
         if qp.state()? == QpState::Reset {
-            qp.to_init(&self.options(1024))?;
+            qp.to_init(&self.options(1024, param.traffic_class))?;
         }
         let local_comm_id = self.new_comm_id();
         // rdma_cm binds the active side to an ephemeral port; it only
@@ -665,7 +671,7 @@ impl<'a> CmAgent<'a> {
                 remote_gid: peer_gid.octets(),
                 flow_label: 0,
                 packet_rate: 3,
-                traffic_class: 0,
+                traffic_class: param.traffic_class,
                 hop_limit: ferroce_stack::wire::packet::DEFAULT_TTL,
                 sl: 0,
                 subnet_local: false,
@@ -707,7 +713,7 @@ impl<'a> CmAgent<'a> {
             rnr_retry: rep.rnr_retry_count,
             max_rd_atomic: param.initiator_depth.min(rep.responder_resources).max(1),
             max_dest_rd_atomic: param.responder_resources.max(1),
-            ..self.options(mtu)
+            ..self.options(mtu, param.traffic_class)
         };
         let remote = RemoteQp {
             qpn: rep.local_qpn,
@@ -815,7 +821,7 @@ impl<'a> CmAgent<'a> {
         let r = &request.req;
         let peer_gid = Ipv6Addr::from(r.primary.local_gid);
         if qp.state()? == QpState::Reset {
-            qp.to_init(&self.options(1024))?;
+            qp.to_init(&self.options(1024, r.primary.traffic_class))?;
         }
         let mtu = mtu_bytes(r.path_mtu).min(self.ctx.query_port().active_mtu);
         let psn = crate::device::seed_from_os() as u32 & 0x00ff_ffff;
@@ -834,7 +840,7 @@ impl<'a> CmAgent<'a> {
             rnr_retry: r.rnr_retry_count,
             max_rd_atomic: initiator.max(1),
             max_dest_rd_atomic: responder.max(1),
-            ..self.options(mtu)
+            ..self.options(mtu, r.primary.traffic_class)
         };
         let remote = RemoteQp {
             qpn: r.local_qpn,

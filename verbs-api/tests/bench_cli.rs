@@ -644,6 +644,14 @@ fn unsupported_combinations_are_refused() {
             &["write", "--lat", "--run_infinitely"][..],
             "is for bandwidth tests",
         ),
+        (
+            &["write", "-T", "32"][..],
+            "TOS only valid for rdma_cm based QP",
+        ),
+        (
+            &["write", "-R", "-c", "UC"][..],
+            "UC is not supported in librdmacm",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_ferroce"))
             .arg("bench")

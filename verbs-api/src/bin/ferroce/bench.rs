@@ -197,6 +197,11 @@ pub struct Args {
     /// `--tclass`): the IPv4 TOS or IPv6 traffic class, DSCP << 2 | ECN.
     #[arg(long = "tclass", default_value_t = 0)]
     pub tclass: u8,
+    /// TOS of the rdma_cm test QPs (perftest's `-T`, with -R only): the
+    /// connection manager carries it in the REQ, so the server's packets
+    /// take it too.
+    #[arg(short = 'T', long = "tos")]
+    pub tos: Option<u8>,
     /// Hop limit (perftest's `-L`, which perftest 4.5 takes for raw Ethernet
     /// QPs only): the IPv4 TTL or IPv6 hop limit of every
     /// packet of the test's QPs [default: 64].
@@ -431,6 +436,10 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         }
         _ => {}
     }
+    if a.tos.is_some() && !a.rdma_cm {
+        // perftest's words.
+        return Err("TOS only valid for rdma_cm based QP and RawEth QP".into());
+    }
     if a.rdma_cm {
         match a.connection {
             // perftest's words.
@@ -540,7 +549,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         max_rd_atomic: out_reads,
         max_dest_rd_atomic: out_reads,
         timeout: a.qp_timeout,
-        traffic_class: a.tclass,
+        traffic_class: a.tos.unwrap_or(a.tclass),
         hop_limit: a.hop_limit.unwrap_or(defaults.hop_limit),
         flow_label: a.flow_label,
         // rdma_cm gives its UD QPs its own Q_Key (perftest's 0x11111111 otherwise).
@@ -693,11 +702,14 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         let role = if client { Role::Client } else { Role::Server };
         let conn = PerftestConn::over_channel(Box::new(channel), role, gid_index as u32, &xcfg);
         // The test QPs: READ/atomic depth as -o says.
-        let test = perftest_cm_param(if matches!(a.test(), Test::Read | Test::Atomic) {
-            out_reads
-        } else {
-            0
-        });
+        let test = ConnParam {
+            traffic_class: opts.traffic_class,
+            ..perftest_cm_param(if matches!(a.test(), Test::Read | Test::Atomic) {
+                out_reads
+            } else {
+                0
+            })
+        };
         let mut conns = Vec::new();
         // perftest: a UD client that will be answered (latency, -b) tells
         // the server its QPN in a SEND WITH IMMEDIATE once SIDR named the
