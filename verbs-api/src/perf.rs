@@ -124,8 +124,8 @@ pub struct PerfResult {
     pub size: u32,
     pub iters: u64,
     pub elapsed: Duration,
-    /// Latency runs: one sample per iteration, microseconds (one way for
-    /// ping-pong tests, as perftest reports them).
+    /// Latency runs: microseconds (one way for ping-pong tests, as perftest
+    /// reports them); a ping-pong has perftest's n − 1, from one send to the next.
     pub lat_us: Vec<f64>,
     /// Bandwidth runs that timed their requests ([`PerfParams::peak`]): the
     /// best rate over any run of consecutive requests, bytes per second.
@@ -192,7 +192,13 @@ impl PerfResult {
         let n = v.len();
         let avg = v.iter().sum::<f64>() / n as f64;
         let p99 = v[((n as f64 * 0.99) as usize).min(n - 1)];
-        Some((v[0], v[n / 2], avg, p99, v[n - 1]))
+        // perftest's get_median: the mean of the middle two of an even count.
+        let median = if n.is_multiple_of(2) {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        } else {
+            v[n / 2]
+        };
+        Some((v[0], median, avg, p99, v[n - 1]))
     }
 }
 
@@ -806,10 +812,12 @@ pub fn send_lat_from(
         if !answered {
             break;
         }
-        // A server's first iteration also waited for the client to start
-        // (perftest's UD client with -R pauses ~0.2 s first): as perftest's
-        // samples, which run from one send to the next, it has none.
-        if clock.is_none() && (client || i > 0) {
+        // perftest's samples run from one send to the next: n − 1 of them,
+        // the client's round trips but the last, the server's from its first
+        // answer on (its first iteration also waited for the client to
+        // start, which a stock client does only after calibrating its clock).
+        let sampled = if client { i + 1 < p.iters } else { i > 0 };
+        if clock.is_none() && sampled {
             lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
         }
         i += 1;
@@ -958,7 +966,10 @@ pub fn write_lat(
         }
         if !starts || i > 1 {
             rounds += 1;
-            if clock.is_none() {
+            // The other side's first iteration waited for the ping-pong to
+            // start, not a round trip: as perftest's samples (from one post
+            // to the next) it has none.
+            if clock.is_none() && (starts || i > 1) {
                 lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
             }
         }
@@ -996,8 +1007,28 @@ pub fn write_lat(
 
 #[cfg(test)]
 mod tests {
-    use super::{bytes_per_sec_of, peak_rate, perftest_unit, stall_limit, PerfOp, PerfParams};
+    use super::{
+        bytes_per_sec_of, peak_rate, perftest_unit, stall_limit, PerfOp, PerfParams, PerfResult,
+    };
     use std::time::Duration;
+
+    #[test]
+    fn latency_median_as_perftest_takes_it() {
+        let r = |lat_us: Vec<f64>| PerfResult {
+            op: PerfOp::Send,
+            size: 8,
+            iters: lat_us.len() as u64 + 1,
+            elapsed: Duration::from_secs(1),
+            lat_us,
+            peak_bytes_per_sec: None,
+        };
+        // Odd count: the middle one; even: the mean of the middle two.
+        let odd = r(vec![5.0, 1.0, 3.0]).lat_summary().unwrap();
+        assert_eq!((odd.0, odd.1, odd.4), (1.0, 3.0, 5.0));
+        let even = r(vec![4.0, 1.0, 2.0, 8.0]).lat_summary().unwrap();
+        assert_eq!((even.1, even.2), (3.0, 3.75));
+        assert!(r(Vec::new()).lat_summary().is_none());
+    }
 
     #[test]
     fn a_run_waits_longer_when_completions_are_far_apart() {

@@ -446,9 +446,10 @@ fn latency_samples_are_listed() {
             .iter()
             .map(|x| x.as_f64().expect("a number"))
             .collect();
-        assert_eq!(v.len(), 50, "{l}");
+        // perftest's n − 1: the time from one send to the next.
+        assert_eq!(v.len(), 49, "{l}");
         assert!(v.windows(2).all(|w| w[0] <= w[1]), "sorted: {v:?}");
-        assert_eq!(v[25], l["t_typical_us"].as_f64().unwrap_or(-1.0), "{l}");
+        assert_eq!(v[24], l["t_typical_us"].as_f64().unwrap_or(-1.0), "{l}");
     }
     let (c, _) = pair(
         &[
@@ -458,11 +459,13 @@ fn latency_samples_are_listed() {
     );
     let out = String::from_utf8_lossy(&c.stdout).into_owned();
     let rows: Vec<&str> = out.lines().collect();
-    // Two lists of 40 (as measured, then sorted), each under its header, then the figure.
-    assert_eq!(rows.len(), 2 * 41 + 1, "{out}");
-    assert_eq!((rows[0], rows[41]), ("#, usec", "#, usec"), "{out}");
+    // Two lists of the 39 samples of 40 iterations (as measured, then
+    // sorted), each under its header, then the figure.
+    const N: usize = 39;
+    assert_eq!(rows.len(), 2 * (N + 1) + 1, "{out}");
+    assert_eq!((rows[0], rows[N + 1]), ("#, usec", "#, usec"), "{out}");
     let list = |from: usize| -> Vec<f64> {
-        rows[from..from + 40]
+        rows[from..from + N]
             .iter()
             .enumerate()
             .map(|(i, r)| {
@@ -472,11 +475,11 @@ fn latency_samples_are_listed() {
             })
             .collect()
     };
-    let (mut measured, sorted) = (list(1), list(42));
+    let (mut measured, sorted) = (list(1), list(N + 2));
     assert!(sorted.windows(2).all(|w| w[0] <= w[1]), "{out}");
     measured.sort_by(|x, y| x.total_cmp(y));
     assert_eq!(measured, sorted);
-    assert!(rows[82].parse::<f64>().is_ok(), "{out}");
+    assert!(rows[2 * (N + 1)].parse::<f64>().is_ok(), "{out}");
 }
 
 /// `--run_infinitely`: the client prints a checked result every -D
