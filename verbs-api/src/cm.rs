@@ -50,6 +50,9 @@ pub const CMA_HDR_LEN: usize = 36;
 pub const REQ_USER_PRIVATE_LEN: usize = mad::REQ_PRIVATE_LEN - CMA_HDR_LEN;
 /// What an application may put in a SIDR_REQ after rdma_cm's header.
 pub const SIDR_USER_PRIVATE_LEN: usize = mad::SIDR_REQ_PRIVATE_LEN - CMA_HDR_LEN;
+/// Requests (REQ or SIDR_REQ) kept for a listened port before anyone takes
+/// them; more are dropped, as a full listen backlog drops them.
+const PENDING_MAX: usize = 64;
 /// SIDR answers kept to send again when their request is repeated.
 const SIDR_ANSWERS_KEPT: usize = 32;
 /// A UD receive: the 40-byte GRH area, then the MAD.
@@ -580,15 +583,36 @@ impl<'a> CmAgent<'a> {
     /// ([`CmAgent::get_ud_request`]); one for another port is refused as
     /// the kernel's CM does (REJ: invalid service ID; SIDR_REP: service ID
     /// not supported); anything else is dropped.
+    /// A request already waiting (its sender repeated it) or more than
+    /// [`PENDING_MAX`] waiting is dropped: the first is answered once taken.
     fn stash(&mut self, tid: u64, msg: CmMessage) -> Result<()> {
         match msg {
             CmMessage::Req(r) => match Self::request_of(tid, *r) {
-                Some(req) if self.listening.contains(&req.port) => self.pending.push(req),
+                Some(req) if self.listening.contains(&req.port) => {
+                    let waiting = self.pending.iter().any(|p| {
+                        p.req.local_comm_id == req.req.local_comm_id
+                            && p.req.primary.local_gid == req.req.primary.local_gid
+                    });
+                    if waiting || self.pending.len() >= PENDING_MAX {
+                        self.dropped += 1;
+                    } else {
+                        self.pending.push(req);
+                    }
+                }
                 Some(req) => self.reject(&req, REJ_INVALID_SERVICE_ID)?,
                 None => self.dropped += 1,
             },
             CmMessage::SidrReq(r) => match Self::ud_request_of(tid, *r) {
-                Some(req) if self.listening_ud.contains(&req.port) => self.pending_ud.push(req),
+                Some(req) if self.listening_ud.contains(&req.port) => {
+                    let waiting = self.pending_ud.iter().any(|p| {
+                        p.req.request_id == req.req.request_id && p.peer.ip() == req.peer.ip()
+                    });
+                    if waiting || self.pending_ud.len() >= PENDING_MAX {
+                        self.dropped += 1;
+                    } else {
+                        self.pending_ud.push(req);
+                    }
+                }
                 Some(req) => self.reject_ud(&req, sidr_status::UNSUPPORTED)?,
                 None => self.dropped += 1,
             },

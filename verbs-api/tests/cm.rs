@@ -215,3 +215,43 @@ fn sidr_resolves_a_ud_port_and_refuses_an_unserved_one() {
         assert_eq!(peer.qpn, srv.join().unwrap());
     });
 }
+
+/// A SIDR request repeated while the server is busy elsewhere waits once:
+/// the server takes it once and answers it once (the repeat is not a
+/// second requester).
+#[test]
+fn a_repeated_sidr_request_is_taken_once() {
+    let (cs, cc) = pair();
+    std::thread::scope(|s| {
+        let srv = s.spawn(|| {
+            let pd = cs.alloc_pd();
+            let mut cm = CmAgent::new(&cs, &pd, 0).unwrap();
+            cm.listen_ud(7471);
+            // Busy with another port while the client sends (and, after
+            // 1 s without an answer, sends again).
+            assert!(cm
+                .get_ud_request(7000, Duration::from_millis(2500))
+                .is_err());
+            let cq = cs.create_cq(8).unwrap();
+            let qp = pd.create_qp().qp_type(QpType::Ud).build(&cq, &cq).unwrap();
+            let opts = ConnectOptions {
+                qkey: RDMA_UDP_QKEY,
+                ..ConnectOptions::default()
+            };
+            qp.to_init(&opts).unwrap();
+            let req = cm.get_ud_request(7471, T).unwrap();
+            cm.accept_ud(&req, &qp, &[]).unwrap();
+            let again = cm.get_ud_request(7471, Duration::from_millis(1500));
+            assert!(
+                again.is_err(),
+                "the repeat came back as a request: {again:?}"
+            );
+        });
+        let pd = cc.alloc_pd();
+        let mut cm = CmAgent::new(&cc, &pd, 0).unwrap();
+        let dst: SocketAddr = "198.18.0.1:7471".parse().unwrap();
+        let peer = cm.resolve_ud(dst, &[]).unwrap();
+        assert_eq!(peer.qkey, RDMA_UDP_QKEY);
+        srv.join().unwrap();
+    });
+}
