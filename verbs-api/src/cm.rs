@@ -1126,6 +1126,26 @@ impl<'a> CmAgent<'a> {
     }
 }
 
+/// librdmacm's `ucma_init_ud_qp`: a UD QP of rdma_cm's UDP port space goes
+/// to RTS as soon as it is made, with [`RDMA_UDP_QKEY`] (the rest of `opts`
+/// as given), so a peer may send to it as soon as SIDR has named it.
+pub fn init_ud_qp(ctx: &Context, qp: &QueuePair<'_>, opts: &ConnectOptions) -> Result<()> {
+    if qp.qp_type() != QpType::Ud {
+        return Err(Error::Cm("rdma_cm's UDP port space takes UD QPs".into()));
+    }
+    let opts = ConnectOptions {
+        qkey: RDMA_UDP_QKEY,
+        ..*opts
+    };
+    qp.to_init(&opts)?;
+    let me = RemoteQp {
+        qpn: 0,
+        psn: 0,
+        gid: ctx.query_gid(opts.sgid_index)?,
+    };
+    qp.connect(ctx, &me, &opts)
+}
+
 /// rdma_disconnect's first step: the QP to ERR, its work requests flushed.
 fn to_error(qp: &QueuePair<'_>) -> Result<()> {
     let attr = QpAttr {

@@ -8,10 +8,10 @@ use std::net::{Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use ferroce_stack::wire::mad::sidr_status;
-use ferroce_verbs::cm::{CmAgent, ConnParam, RDMA_UDP_QKEY, REJ_INVALID_SERVICE_ID};
+use ferroce_verbs::cm::{init_ud_qp, CmAgent, ConnParam, RDMA_UDP_QKEY, REJ_INVALID_SERVICE_ID};
 use ferroce_verbs::{
-    AccessFlags, ConnectOptions, Context, EngineMode, Error, OpenOptions, QpType, RecvWr, RemoteQp,
-    SendOp, SendWr, UdDest, WcStatus,
+    AccessFlags, ConnectOptions, Context, EngineMode, Error, OpenOptions, QpType, RecvWr, SendOp,
+    SendWr, UdDest, WcStatus,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -140,17 +140,8 @@ fn sidr_resolves_a_ud_port_and_refuses_an_unserved_one() {
             let mut cm = CmAgent::new(&cs, &pd, 0).unwrap();
             let cq = cs.create_cq(8).unwrap();
             let qp = pd.create_qp().qp_type(QpType::Ud).build(&cq, &cq).unwrap();
-            let opts = ConnectOptions {
-                qkey: RDMA_UDP_QKEY,
-                ..ConnectOptions::default()
-            };
-            qp.to_init(&opts).unwrap();
-            let me = RemoteQp {
-                qpn: 0,
-                psn: 0,
-                gid: cs.query_gid(0).unwrap(),
-            };
-            qp.connect(&cs, &me, &opts).unwrap();
+            let opts = ConnectOptions::default();
+            init_ud_qp(&cs, &qp, &opts).unwrap();
             let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
             let sge = [mr.sge(0, 40 + 8)];
             qp.post_recv(&[RecvWr {
@@ -189,17 +180,8 @@ fn sidr_resolves_a_ud_port_and_refuses_an_unserved_one() {
         assert_eq!(&peer.private_data[..2], b"ok");
         let cq = cc.create_cq(8).unwrap();
         let qp = pd.create_qp().qp_type(QpType::Ud).build(&cq, &cq).unwrap();
-        let opts = ConnectOptions {
-            qkey: RDMA_UDP_QKEY,
-            ..ConnectOptions::default()
-        };
-        qp.to_init(&opts).unwrap();
-        let me = RemoteQp {
-            qpn: 0,
-            psn: 0,
-            gid: cc.query_gid(0).unwrap(),
-        };
-        qp.connect(&cc, &me, &opts).unwrap();
+        let opts = ConnectOptions::default();
+        init_ud_qp(&cc, &qp, &opts).unwrap();
         let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
         mr.write(0, b"datagram").unwrap();
         let sge = [mr.sge(0, 8)];
@@ -234,11 +216,7 @@ fn a_repeated_sidr_request_is_taken_once() {
                 .is_err());
             let cq = cs.create_cq(8).unwrap();
             let qp = pd.create_qp().qp_type(QpType::Ud).build(&cq, &cq).unwrap();
-            let opts = ConnectOptions {
-                qkey: RDMA_UDP_QKEY,
-                ..ConnectOptions::default()
-            };
-            qp.to_init(&opts).unwrap();
+            init_ud_qp(&cs, &qp, &ConnectOptions::default()).unwrap();
             let req = cm.get_ud_request(7471, T).unwrap();
             cm.accept_ud(&req, &qp, &[]).unwrap();
             let again = cm.get_ud_request(7471, Duration::from_millis(1500));

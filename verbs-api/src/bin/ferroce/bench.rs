@@ -587,16 +587,10 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             .max_recv_wr(a.rx_depth.max(1024))
             .build(&cq, rcq.as_ref().unwrap_or(&cq))
             .map_err(|e| format!("Couldn't create QP: {e}"))?;
-        qp.to_init(&opts).map_err(|e| e.to_string())?;
         if a.rdma_cm && ud {
-            // librdmacm takes a UD QP to RTS when it creates it: the peer
-            // may send as soon as SIDR named it.
-            let me = RemoteQp {
-                qpn: 0,
-                psn: 0,
-                gid,
-            };
-            qp.connect(&ctx, &me, &opts).map_err(|e| e.to_string())?;
+            ferroce_verbs::cm::init_ud_qp(&ctx, &qp, &opts).map_err(|e| e.to_string())?;
+        } else {
+            qp.to_init(&opts).map_err(|e| e.to_string())?;
         }
         ends.push(End { qp, cq, rcq });
     }

@@ -12,12 +12,11 @@ use std::time::Duration;
 
 use clap::Parser;
 use ferroce_stack::wire::mad::sidr_status;
-use ferroce_verbs::cm::{CmAgent, UdPeer, RDMA_UDP_QKEY};
+use ferroce_verbs::cm::{init_ud_qp, CmAgent, UdPeer, RDMA_UDP_QKEY};
 use ferroce_verbs::context::gid_of;
 use ferroce_verbs::{
     AccessFlags, Backend, CompletionQueue, ConnectOptions, Context, EngineMode, MemoryRegion,
-    ProtectionDomain, QpType, QueuePair, RecvWr, RemoteQp, SendOp, SendWr, UdDest, WcOpcode,
-    WcStatus,
+    ProtectionDomain, QpType, QueuePair, RecvWr, SendOp, SendWr, UdDest, WcOpcode, WcStatus,
 };
 
 use crate::common;
@@ -256,13 +255,7 @@ impl<'pd> Node<'pd> {
             .max_recv_wr(depth)
             .build(&cq, &cq)
             .map_err(|e| format!("rdma_create_qp: {e}"))?;
-        qp.to_init(opts).map_err(|e| e.to_string())?;
-        let me = RemoteQp {
-            qpn: 0,
-            psn: 0,
-            gid: ctx.query_gid(opts.sgid_index).map_err(|e| e.to_string())?,
-        };
-        qp.connect(ctx, &me, opts).map_err(|e| e.to_string())?;
+        init_ud_qp(ctx, &qp, opts).map_err(|e| format!("rdma_create_qp: {e}"))?;
         let mr = pd
             .reg_mr((a.size + GRH) as usize, AccessFlags::LOCAL_WRITE)
             .map_err(|e| format!("ibv_reg_mr: {e}"))?;
