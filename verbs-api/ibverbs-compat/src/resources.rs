@@ -579,35 +579,27 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         if grh.is_null() {
             return libc::EINVAL;
         }
-        let mut g = [0u8; 40];
+        let mut g = [0u8; ferroce_verbs::wc::GRH_LEN];
         // SAFETY: the GRH area is 40 bytes (caller).
-        unsafe { ptr::copy_nonoverlapping(grh as *const u8, g.as_mut_ptr(), 40) };
-        let (src, dst, tclass, hops) = if g[20] >> 4 == 4 {
-            let ip4 = |o: usize| std::net::Ipv4Addr::new(g[o], g[o + 1], g[o + 2], g[o + 3]);
-            (
-                ip4(32).to_ipv6_mapped(),
-                ip4(36).to_ipv6_mapped(),
-                g[21],
-                g[28],
-            )
-        } else {
-            let ip6 = |o: usize| {
-                let mut b = [0u8; 16];
-                b.copy_from_slice(&g[o..o + 16]);
-                std::net::Ipv6Addr::from(b)
-            };
-            (ip6(8), ip6(24), (g[0] << 4) | (g[1] >> 4), g[7])
-        };
+        unsafe { ptr::copy_nonoverlapping(grh as *const u8, g.as_mut_ptr(), g.len()) };
+        let from = ferroce_verbs::wc::GrhInfo::parse(&g);
         // SAFETY: live context (caller).
         let f = unsafe { fctx(ctx) };
-        let sgid_index = f.ctx.gids().iter().position(|x| *x == dst).unwrap_or(0);
+        let sgid_index = f
+            .ctx
+            .gids()
+            .iter()
+            .position(|x| *x == from.dst)
+            .unwrap_or(0);
         a.is_global = 1;
         a.grh = ffi::ibv_global_route {
-            dgid: ffi::ibv_gid { raw: src.octets() },
+            dgid: ffi::ibv_gid {
+                raw: from.src.octets(),
+            },
             flow_label: 0,
             sgid_index: sgid_index as u8,
-            hop_limit: hops.max(1),
-            traffic_class: tclass,
+            hop_limit: from.hop_limit.max(1),
+            traffic_class: from.traffic_class,
         };
     }
     // SAFETY: writable (caller).

@@ -16,6 +16,7 @@ use ferroce_verbs::exchange::perftest::{self, BwReport, Negotiated, PerftestConn
 use ferroce_verbs::exchange::rdma_cm::RdmaCmChannel;
 use ferroce_verbs::exchange::{self, ExchangeConfig, PerftestDest, Role};
 use ferroce_verbs::perf::{self, PerfOp, PerfParams, PerfResult, RemoteBuf};
+use ferroce_verbs::wc::{GrhInfo, GRH_LEN};
 use ferroce_verbs::{
     Backend, CompletionQueue, ConnectOptions, Context, EngineMode, MemoryRegion, QpType, QueuePair,
     RecvWr, RemoteQp, SendOp, SendWr, UdDest, WcStatus, WorkCompletion,
@@ -669,7 +670,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
     // -R: the CM agent, and the test QPs' connections to close at the end.
     let mut rdma_cm: Option<CmLinks<'_>> = None;
     // -R -c UD: per QP, the peer's UD QP as SIDR (or its announcement) named it.
-    let mut ud_peers: Vec<Option<UdPeer>> = Vec::new();
+    let mut ud_peers: Vec<Option<UdRemote>> = Vec::new();
     let mut session = if a.rdma_cm {
         let dst = a
             .servername
@@ -781,13 +782,16 @@ fn run_inner(a: &Args) -> Result<bool, String> {
             let ud = if ud {
                 // perftest's address handle: the peer's GID and QPN, its
                 // Q_Key; with -R what SIDR or the client's announcement said.
-                let (gid, qpn, qkey) = match ud_peers.get(i).and_then(Option::as_ref) {
-                    Some(p) => (p.peer_gid, p.qpn, p.qkey),
-                    None => (std::net::Ipv6Addr::from(d.gid), d.qpn, opts.qkey),
+                let (gid, qpn, qkey, tclass) = match ud_peers.get(i).and_then(Option::as_ref) {
+                    Some(r) => (r.peer.peer_gid, r.peer.qpn, r.peer.qkey, r.traffic_class),
+                    None => (std::net::Ipv6Addr::from(d.gid), d.qpn, opts.qkey, None),
                 };
-                let path = opts
+                let mut path = opts
                     .path_to(&ctx, gid)
                     .map_err(|e| format!("Couldn't create AH: {e}"))?;
+                if let Some(tc) = tclass {
+                    path.traffic_class = tc;
+                }
                 Some(UdDest {
                     path,
                     remote_qpn: qpn,
@@ -1065,6 +1069,14 @@ struct UdTarget {
     opts: ConnectOptions,
 }
 
+/// `-R -c UD`: the peer's UD QP, and the traffic class to answer with (a
+/// server's, from the client's announcement; None: the test's own).
+#[derive(Debug)]
+struct UdRemote {
+    peer: UdPeer,
+    traffic_class: Option<u8>,
+}
+
 /// wr_id of the UD announcement's send and receive (no test WR uses it).
 const ANNOUNCE_WR_ID: u64 = u64::MAX - 1;
 
@@ -1085,7 +1097,7 @@ fn cm_resolve_ud(
     at: u64,
     to: &UdTarget,
     timeout: Duration,
-) -> Result<Option<UdPeer>, String> {
+) -> Result<Option<UdRemote>, String> {
     let UdTarget {
         dst,
         port,
@@ -1117,11 +1129,19 @@ fn cm_resolve_ud(
             .imm_data
             .ok_or("the client's announcement carried no immediate data")?;
         let qkey = end.qp.query().map_err(|e| e.to_string())?.qkey;
-        return Ok(Some(UdPeer {
-            peer_gid: ferroce_verbs::context::gid_of(req.peer.ip()),
-            qpn,
-            qkey,
-            private_data: Vec::new(),
+        // perftest's ibv_create_ah_from_wc: the answer goes with the
+        // announcement's traffic class.
+        let mut g = [0u8; GRH_LEN];
+        mr.read(at, &mut g).map_err(|e| e.to_string())?;
+        let from = GrhInfo::parse(&g);
+        return Ok(Some(UdRemote {
+            peer: UdPeer {
+                peer_gid: from.src,
+                qpn,
+                qkey,
+                private_data: Vec::new(),
+            },
+            traffic_class: Some(from.traffic_class),
         }));
     };
     let peer = loop {
@@ -1156,7 +1176,10 @@ fn cm_resolve_ud(
             .map_err(|e| format!("Couldn't post send: {e}"))?;
         announce_completion(&end.cq, deadline)?;
     }
-    Ok(Some(peer))
+    Ok(Some(UdRemote {
+        peer,
+        traffic_class: None,
+    }))
 }
 
 /// The announcement's completion on `cq`, successful, before `deadline`.

@@ -14,6 +14,7 @@ use clap::Parser;
 use ferroce_stack::wire::mad::sidr_status;
 use ferroce_verbs::cm::{init_ud_qp, CmAgent, UdPeer, RDMA_UDP_QKEY};
 use ferroce_verbs::context::gid_of;
+use ferroce_verbs::wc::{GrhInfo, GRH_LEN};
 use ferroce_verbs::{
     AccessFlags, Backend, CompletionQueue, ConnectOptions, Context, EngineMode, MemoryRegion,
     ProtectionDomain, QpType, QueuePair, RecvWr, SendOp, SendWr, UdDest, WcOpcode, WcStatus,
@@ -24,7 +25,7 @@ use crate::common;
 /// udaddy's port, in rdma_cm's UDP port space.
 const PORT: u16 = 7174;
 /// A UD receive starts with the 40-byte GRH.
-const GRH: u32 = 40;
+const GRH: u32 = GRH_LEN as u32;
 /// rdma_cm's port-space numbers (`-p`): UDP, and IPoIB, which ferroce lacks.
 const PS_UDP: u32 = 0x0111;
 const PS_IPOIB: u32 = 0x0002;
@@ -114,6 +115,9 @@ struct Node<'pd> {
     mr: MemoryRegion<'pd>,
     /// Where replies (client: messages) go.
     peer: Option<UdPeer>,
+    /// A server's: the traffic class its client's messages came with (udaddy
+    /// answers through ibv_create_ah_from_wc, which keeps it).
+    reply_tclass: Option<u8>,
 }
 
 fn session(a: &Args) -> Result<(), String> {
@@ -198,10 +202,16 @@ fn session(a: &Args) -> Result<(), String> {
             if a.count > 0 && a.size > 0 {
                 println!("receiving data transfers");
                 for n in &mut nodes {
-                    // udaddy answers the QPN the first message's immediate names.
+                    // udaddy answers the QPN the first message's immediate
+                    // names, at the address and traffic class of its GRH.
                     let qpn = n.receive(a.count, timeout)?;
+                    let mut g = [0u8; GRH_LEN];
+                    n.mr.read(0, &mut g).map_err(|e| e.to_string())?;
+                    let from = GrhInfo::parse(&g);
+                    n.reply_tclass = Some(from.traffic_class);
                     if let Some(p) = n.peer.as_mut() {
                         p.qpn = qpn;
+                        p.peer_gid = from.src;
                     }
                 }
                 println!("sending replies");
@@ -274,6 +284,7 @@ impl<'pd> Node<'pd> {
             cq,
             mr,
             peer: None,
+            reply_tclass: None,
         })
     }
 
@@ -288,9 +299,12 @@ impl<'pd> Node<'pd> {
         signaled: bool,
     ) -> Result<(), String> {
         let peer = self.peer.as_ref().ok_or("no peer to send to")?;
-        let path = opts
+        let mut path = opts
             .path_to(ctx, peer.peer_gid)
             .map_err(|e| format!("ibv_create_ah: {e}"))?;
+        if let Some(tc) = self.reply_tclass {
+            path.traffic_class = tc;
+        }
         let sge = [self.mr.sge(0, a.size)];
         for i in 0..a.count {
             let mut wr = SendWr::new(
