@@ -1113,6 +1113,34 @@ fn roce_frames(pcap: &Path) -> Result<Vec<RoceFrame>, String> {
     Ok(v)
 }
 
+/// Every UD SEND WITH IMMEDIATE of a udaddy run, both ways, carries the client's `-t`
+/// ([`TCLASS`]): the server answers with the traffic class the messages came with.
+fn udaddy_tos(pcap: &Path) -> Result<String, String> {
+    let msgs: Vec<RoceFrame> = roce_frames(pcap)?
+        .into_iter()
+        .filter(|f| f.opcode == 0x65)
+        .collect();
+    let mut sources: Vec<&[u8]> = msgs.iter().map(|f| f.src.as_slice()).collect();
+    sources.sort();
+    sources.dedup();
+    if sources.len() != 2 {
+        return Err(format!(
+            "UD SENDs WITH IMMEDIATE from {} addresses, expected both sides'",
+            sources.len()
+        ));
+    }
+    match msgs.iter().find(|f| f.tclass != TCLASS) {
+        Some(f) => Err(format!(
+            "a message from {:02x?} has TOS {}, expected {TCLASS}",
+            f.src, f.tclass
+        )),
+        None => Ok(format!(
+            "all {} messages, both ways: TOS {TCLASS}",
+            msgs.len()
+        )),
+    }
+}
+
 /// [`perftest_extra`], and every RDMA WRITE of the run, from both sides, carries the TOS `-T`
 /// gave ([`TCLASS`]): rdma_cm's control connection keeps TOS 0, the test QPs take it, the
 /// passive side from the REQ's path.
@@ -2014,9 +2042,10 @@ fn rdma_cm_interop() {
          advertises its sink, the server RDMA WRITEs the data back, the client compares; pass: \
          both exit 0, three pings printed by each side. `udaddy -C 5 -S 1000` (port 7174 in \
          rdma_cm's UDP port space): SIDR_REQ / SIDR_REP name the server's UD QP and Q_Key, the \
-         client sends 5 UD SENDs WITH IMMEDIATE (its QPN), the server answers 5 to that QPN; \
-         pass: both print `return status 0`. In every case the capture must hold the CM MADs \
-         (UD SEND 0x64 to QP1) and the data traffic, each frame with a good ICRC.",
+         client sends 5 UD SENDs WITH IMMEDIATE (its QPN) with TOS 106 (`-t`), the server \
+         answers 5 to that QPN with the TOS they came with; pass: both print `return status 0` \
+         and every message both ways carries TOS 106. In every case the capture must hold the \
+         CM MADs (UD SEND 0x64 to QP1) and the data traffic, each frame with a good ICRC.",
         &rows,
     );
 }
@@ -2065,10 +2094,12 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
             // READ request / response, WRITE, SENDs, ACKs.
             &[0x64, 0x04, 0x0c, 0x10, 0x0a, 0x11],
         ),
+        // The client gives its messages a TOS (-t); the server answers with the TOS they
+        // came with.
         CmTool::Udaddy => (
             "cm-udaddy",
             "udaddy -C 5 -S 1000".to_string(),
-            format!("udaddy -s {} -C 5 -S 1000", env.lab.host_ipv4()),
+            format!("udaddy -s {} -C 5 -S 1000 -t {TCLASS}", env.lab.host_ipv4()),
             vec![
                 "udaddy".to_string(),
                 "-C".into(),
@@ -2084,6 +2115,8 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
                 "5".into(),
                 "-S".into(),
                 "1000".into(),
+                "-t".into(),
+                TCLASS.to_string(),
             ],
             // The SIDR MADs and the UD SENDs WITH IMMEDIATE.
             &[0x64, 0x65],
@@ -2200,6 +2233,12 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
                 }
             }
             note = c.summary();
+            if matches!(tool, CmTool::Udaddy) {
+                match udaddy_tos(&pcap) {
+                    Ok(seen) => note = format!("{seen}; {note}"),
+                    Err(e) => problems.push(e),
+                }
+            }
         }
         Err(e) => problems.push(format!("capture check: {e}")),
     }
@@ -2220,7 +2259,7 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
                 "udaddy{} (librdmacm)",
                 if ferroce_serves { " -s" } else { "" }
             ),
-            "SIDR resolve, 5 UD SENDs WITH IMM of 1000 B each way",
+            "SIDR resolve, 5 UD SENDs WITH IMM of 1000 B each way, -t 106",
             "UDP port space, port 7174",
         ),
     };
