@@ -583,6 +583,7 @@ impl<'a> CmAgent<'a> {
     /// ([`CmAgent::get_ud_request`]); one for another port is refused as
     /// the kernel's CM does (REJ: invalid service ID; SIDR_REP: service ID
     /// not supported); anything else is dropped.
+    ///
     /// A request already waiting (its sender repeated it) or more than
     /// [`PENDING_MAX`] waiting is dropped: the first is answered once taken.
     fn stash(&mut self, tid: u64, msg: CmMessage) -> Result<()> {
