@@ -1113,19 +1113,20 @@ fn roce_frames(pcap: &Path) -> Result<Vec<RoceFrame>, String> {
     Ok(v)
 }
 
-/// Every UD SEND WITH IMMEDIATE of a udaddy run, both ways, carries the client's `-t`
-/// ([`TCLASS`]): the server answers with the traffic class the messages came with.
-fn udaddy_tos(pcap: &Path) -> Result<String, String> {
+/// Every message (BTH opcode `opcode`) of a run, both ways, carries the client's `-t`
+/// ([`TCLASS`]): udaddy's server answers with the traffic class the messages came with,
+/// ucmatose's takes it from the REQ's path.
+fn messages_tos(pcap: &Path, opcode: u8) -> Result<String, String> {
     let msgs: Vec<RoceFrame> = roce_frames(pcap)?
         .into_iter()
-        .filter(|f| f.opcode == 0x65)
+        .filter(|f| f.opcode == opcode)
         .collect();
     let mut sources: Vec<&[u8]> = msgs.iter().map(|f| f.src.as_slice()).collect();
     sources.sort();
     sources.dedup();
     if sources.len() != 2 {
         return Err(format!(
-            "UD SENDs WITH IMMEDIATE from {} addresses, expected both sides'",
+            "messages (opcode {opcode:#04x}) from {} addresses, expected both sides'",
             sources.len()
         ));
     }
@@ -2024,7 +2025,12 @@ fn rdma_cm_interop() {
         return;
     };
     let mut rows = Vec::new();
-    for tool in [CmTool::Examples, CmTool::Rping, CmTool::Udaddy] {
+    for tool in [
+        CmTool::Examples,
+        CmTool::Rping,
+        CmTool::Udaddy,
+        CmTool::Ucmatose,
+    ] {
         for ferroce_serves in [false, true] {
             rows.push(rdma_cm_case(&env, tool, ferroce_serves));
         }
@@ -2044,8 +2050,12 @@ fn rdma_cm_interop() {
          rdma_cm's UDP port space): SIDR_REQ / SIDR_REP name the server's UD QP and Q_Key, the \
          client sends 5 UD SENDs WITH IMMEDIATE (its QPN) with TOS 106 (`-t`), the server \
          answers 5 to that QPN with the TOS they came with; pass: both print `return status 0` \
-         and every message both ways carries TOS 106. In every case the capture must hold the \
-         CM MADs (UD SEND 0x64 to QP1) and the data traffic, each frame with a good ICRC.",
+         and every message both ways carries TOS 106. `ucmatose -c 2 -C 5 -S 2000` (port 7471): \
+         two RC connections (the client's `-t 106` in its REQs), the server SENDs 5 messages \
+         on each, the client 5 back, the server disconnects (DREQ / DREP); pass: both print \
+         `return status 0` and every SEND both ways carries TOS 106. In every case the \
+         capture must hold the CM MADs (UD SEND 0x64 to QP1) and the data traffic, each frame \
+         with a good ICRC.",
         &rows,
     );
 }
@@ -2059,6 +2069,8 @@ enum CmTool {
     Rping,
     /// `udaddy` / `udaddy -s`.
     Udaddy,
+    /// `ucmatose` / `ucmatose -s`.
+    Ucmatose,
 }
 
 fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
@@ -2121,12 +2133,39 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
             // The SIDR MADs and the UD SENDs WITH IMMEDIATE.
             &[0x64, 0x65],
         ),
+        // Two connections; the client's TOS goes in its REQs, the server sends with it too.
+        CmTool::Ucmatose => (
+            "cm-ucmatose",
+            "ucmatose -c 2 -C 5 -S 2000".to_string(),
+            format!(
+                "ucmatose -s {} -c 2 -C 5 -S 2000 -t {TCLASS}",
+                env.lab.host_ipv4()
+            ),
+            ["ucmatose", "-c", "2", "-C", "5", "-S", "2000"]
+                .map(String::from)
+                .to_vec(),
+            vec![
+                "ucmatose".to_string(),
+                "-s".into(),
+                env.vm().ip().to_string(),
+                "-c".into(),
+                "2".into(),
+                "-C".into(),
+                "5".into(),
+                "-S".into(),
+                "2000".into(),
+                "-t".into(),
+                TCLASS.to_string(),
+            ],
+            // The CM MADs, SENDs both ways and their ACKs.
+            &[0x64, 0x04, 0x11],
+        ),
     };
     let tag = format!("{tag}-{}", if ferroce_serves { "server" } else { "client" });
     let pcap = env.dir.join(format!("{tag}.pcap"));
     let vm = env.vm();
     let dev = match tool {
-        CmTool::Examples | CmTool::Udaddy => "-d",
+        CmTool::Examples | CmTool::Udaddy | CmTool::Ucmatose => "-d",
         CmTool::Rping => "--ib-dev",
     };
     let base = [
@@ -2213,6 +2252,11 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
                 CmTool::Udaddy => {
                     out.contains("data transfers complete") && out.contains("return status 0")
                 }
+                CmTool::Ucmatose => {
+                    out.contains("data transfers complete")
+                        && out.contains("return status 0")
+                        && (!is_server || out.contains("disconnected"))
+                }
             };
         if !good {
             let said = o
@@ -2233,8 +2277,14 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
                 }
             }
             note = c.summary();
-            if matches!(tool, CmTool::Udaddy) {
-                match udaddy_tos(&pcap) {
+            // The client's -t: every message both ways carries it.
+            let tos_of = match tool {
+                CmTool::Udaddy => Some(0x65),
+                CmTool::Ucmatose => Some(0x04),
+                CmTool::Examples | CmTool::Rping => None,
+            };
+            if let Some(op) = tos_of {
+                match messages_tos(&pcap, op) {
                     Ok(seen) => note = format!("{seen}; {note}"),
                     Err(e) => problems.push(e),
                 }
@@ -2253,6 +2303,15 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
             format!("rping {}", if ferroce_serves { "-c" } else { "-s" }),
             "rdma_cm connect, 3 pings (READ + WRITE of 64 B each), -V, disconnect",
             "port 7174",
+        ),
+        CmTool::Ucmatose => (
+            format!(
+                "ucmatose{} (librdmacm)",
+                if ferroce_serves { " -s" } else { "" }
+            ),
+            "rdma_cm connect ×2, 5 SENDs of 2000 B each way per connection, client -t 106, \
+             server disconnects",
+            "port 7471",
         ),
         CmTool::Udaddy => (
             format!(

@@ -1,5 +1,5 @@
-//! `ferroce rdma-server` / `rdma-client`, `ferroce rping` and `ferroce
-//! udaddy` between two namespace hosts (connections set up, UD QPs resolved,
+//! `ferroce rdma-server` / `rdma-client`, `ferroce rping`, `ferroce
+//! ucmatose` and `ferroce udaddy` between two namespace hosts (connections set up, UD QPs resolved,
 //! by the CM over QP1), on each packet engine. Needs root; skips with a message without it. (Against the stock
 //! librdmacm tools on rxe: interop-tests' rdma_cm_interop.)
 
@@ -90,6 +90,26 @@ fn rdma_cm_tools_between_namespaces() {
             "{backend}: {}",
             text(&c)
         );
+
+        // Two RC connections; 4 messages of 3000 B each way, then the
+        // server's DREQ.
+        let srv = with(&["ucmatose", "-c", "2", "-C", "4", "-S", "3000"], "-d");
+        let mut cli = with(
+            &["ucmatose", "-c", "2", "-C", "4", "-S", "3000", "-t", "96"],
+            "-d",
+        );
+        cli.extend(["-s".to_string(), server_ip.clone()]);
+        let (s, c) = pair(&topo, &refs(&srv), &refs(&cli));
+        for (side, o) in [("server", &s), ("client", &c)] {
+            let t = text(o);
+            assert!(
+                o.status.success()
+                    && t.contains("data transfers complete")
+                    && t.contains("return status 0"),
+                "{backend} ucmatose {side}: {t}"
+            );
+        }
+        assert!(text(&s).contains("disconnected"), "{}", text(&s));
 
         // Two UD QPs, each resolved by SIDR; 4 messages of 2000 B each way.
         let srv = with(&["udaddy", "-c", "2", "-C", "4", "-S", "2000"], "-d");

@@ -75,3 +75,38 @@ pub fn resolve(host: &str, port: u16) -> Result<std::net::SocketAddr, String> {
         .next()
         .ok_or_else(|| format!("no address for {host}"))
 }
+
+/// strtoul(…, 0)'s forms: decimal, 0x hex, 0 octal.
+pub fn parse_c_number(s: &str) -> Result<u32, String> {
+    let r = if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        u32::from_str_radix(h, 16)
+    } else if s.len() > 1 && s.starts_with('0') {
+        u32::from_str_radix(&s[1..], 8)
+    } else {
+        s.parse()
+    };
+    r.map_err(|_| format!("{s:?} is not a number"))
+}
+
+/// The librdmacm examples' GID: `-x`, else the GID of the `-b` (bind)
+/// address, else the IPv4-mapped one.
+pub fn gid_index_for(
+    ctx: &Context,
+    index: Option<usize>,
+    bind: Option<&str>,
+) -> Result<usize, String> {
+    if let Some(i) = index {
+        return Ok(i);
+    }
+    let Some(b) = bind else {
+        return Ok(default_gid_index(ctx));
+    };
+    let ip: std::net::IpAddr = b
+        .parse()
+        .map_err(|_| format!("rdma_bind_addr: {b:?} is not an address"))?;
+    let want = ferroce_verbs::context::gid_of(ip);
+    ctx.gids()
+        .iter()
+        .position(|g| *g == want)
+        .ok_or_else(|| format!("rdma_bind_addr: {b} is not an address of this device"))
+}

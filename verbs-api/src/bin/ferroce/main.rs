@@ -13,6 +13,7 @@ mod devices;
 mod pingpong;
 mod rdma_cm;
 mod rping;
+mod ucmatose;
 mod udaddy;
 
 use clap::{Parser, Subcommand};
@@ -65,6 +66,10 @@ enum Command {
     /// client (`-s ADDR`) sends `-C` messages of `-S` bytes, the server
     /// answers each.
     Udaddy(udaddy::Args),
+    /// librdmacm's cmatose (Debian's ucmatose): RC connections by the CM
+    /// over QP1 (port 7471); the server sends `-C` messages of `-S` bytes,
+    /// the client sends as many back, the server disconnects.
+    Ucmatose(ucmatose::Args),
     /// List usable interfaces, their backends, MTU and GID table (like ibv_devinfo).
     Devices {
         /// Also list interfaces that are down or have no usable backend.
@@ -120,6 +125,7 @@ fn main() -> ExitCode {
         Command::RdmaClient(a) => ExitCode::from(rdma_cm::run(a, false) as u8),
         Command::Rping(a) => ExitCode::from(rping::run(a) as u8),
         Command::Udaddy(a) => ExitCode::from(udaddy::run(a) as u8),
+        Command::Ucmatose(a) => ExitCode::from(ucmatose::run(a) as u8),
         Command::Devices { stats: true, all } => ExitCode::from(devices::stats(all) as u8),
         Command::Devices { all, .. } => ExitCode::from(devices::run(all) as u8),
         Command::Demo { backend } => ExitCode::from(demo::run(backend) as u8),

@@ -7,7 +7,6 @@
 //! flags, same output lines. Nothing is torn down on the wire: UD has no
 //! connection.
 
-use std::net::{IpAddr, Ipv6Addr};
 use std::time::Duration;
 
 use clap::Parser;
@@ -48,10 +47,10 @@ pub struct Args {
     #[arg(short = 'S', default_value_t = 100)]
     pub size: u32,
     /// Type of service (the traffic class of the client's messages).
-    #[arg(short = 't', value_parser = parse_c_number)]
+    #[arg(short = 't', value_parser = common::parse_c_number)]
     pub tos: Option<u32>,
     /// Port space number (udaddy's `-p`): only rdma_cm's UDP one, 0x0111.
-    #[arg(short = 'p', value_parser = parse_c_number)]
+    #[arg(short = 'p', value_parser = common::parse_c_number)]
     pub port_space: Option<u32>,
     /// Port space by name: udp (ipoib is not available in ferroce).
     #[arg(short = 'P')]
@@ -72,18 +71,6 @@ pub struct Args {
     /// stock tool waits without end, and a lost UD message is never resent).
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
-}
-
-/// strtoul(…, 0)'s forms: decimal, 0x hex, 0 octal.
-fn parse_c_number(s: &str) -> Result<u32, String> {
-    let r = if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        u32::from_str_radix(h, 16)
-    } else if s.len() > 1 && s.starts_with('0') {
-        u32::from_str_radix(&s[1..], 8)
-    } else {
-        s.parse()
-    };
-    r.map_err(|_| format!("{s:?} is not a number"))
 }
 
 /// `udaddy`; the exit status is the example's `ret` (0 or 1).
@@ -136,7 +123,7 @@ fn session(a: &Args) -> Result<(), String> {
     }
     let timeout = Duration::from_secs(a.timeout);
     let ctx = common::open_device(a.dev.as_deref(), a.backend, EngineMode::Thread, None)?;
-    let gid_index = gid_index(a, &ctx)?;
+    let gid_index = common::gid_index_for(&ctx, a.gid_index, a.bind.as_deref())?;
     let mtu = ctx.query_port().active_mtu;
     if a.size > mtu {
         return Err(format!(
@@ -224,24 +211,6 @@ fn session(a: &Args) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// `-x`, else the GID of `-b`'s address, else the IPv4-mapped one.
-fn gid_index(a: &Args, ctx: &Context) -> Result<usize, String> {
-    if let Some(i) = a.gid_index {
-        return Ok(i);
-    }
-    let Some(b) = a.bind.as_deref() else {
-        return Ok(common::default_gid_index(ctx));
-    };
-    let ip: IpAddr = b
-        .parse()
-        .map_err(|_| format!("rdma_bind_addr: {b:?} is not an address"))?;
-    let want: Ipv6Addr = gid_of(ip);
-    ctx.gids()
-        .iter()
-        .position(|g| *g == want)
-        .ok_or_else(|| format!("rdma_bind_addr: {b} is not an address of this device"))
 }
 
 impl<'pd> Node<'pd> {
