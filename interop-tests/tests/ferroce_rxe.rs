@@ -1136,7 +1136,7 @@ fn messages_tos(pcap: &Path, opcode: u8) -> Result<String, String> {
             f.src, f.tclass
         )),
         None => Ok(format!(
-            "all {} messages, both ways: TOS {TCLASS}",
+            "all {} of opcode {opcode:#04x}, both ways: TOS {TCLASS}",
             msgs.len()
         )),
     }
@@ -2053,7 +2053,7 @@ fn rdma_cm_interop() {
          and every message both ways carries TOS 106. `ucmatose -c 2 -C 5 -S 2000` (port 7471): \
          two RC connections (the client's `-t 106` in its REQs), the server SENDs 5 messages \
          on each, the client 5 back, the server disconnects (DREQ / DREP); pass: both print \
-         `return status 0` and every SEND both ways carries TOS 106. In every case the \
+         `return status 0` and every SEND and CM MAD both ways carries TOS 106. In every case the \
          capture must hold the CM MADs (UD SEND 0x64 to QP1) and the data traffic, each frame \
          with a good ICRC.",
         &rows,
@@ -2277,13 +2277,14 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
                 }
             }
             note = c.summary();
-            // The client's -t: every message both ways carries it.
-            let tos_of = match tool {
-                CmTool::Udaddy => Some(0x65),
-                CmTool::Ucmatose => Some(0x04),
-                CmTool::Examples | CmTool::Rping => None,
+            // The client's -t: every message both ways carries it, and with ucmatose every
+            // CM MAD too (the kernel's CM sends a connection's MADs with its path's TOS).
+            let tos_of: &[u8] = match tool {
+                CmTool::Udaddy => &[0x65],
+                CmTool::Ucmatose => &[0x04, 0x64],
+                CmTool::Examples | CmTool::Rping => &[],
             };
-            if let Some(op) = tos_of {
+            for &op in tos_of {
                 match messages_tos(&pcap, op) {
                     Ok(seen) => note = format!("{seen}; {note}"),
                     Err(e) => problems.push(e),

@@ -36,6 +36,7 @@ use crate::error::{Error, Result};
 use crate::mr::MemoryRegion;
 use crate::pd::ProtectionDomain;
 use crate::qp::{ConnectOptions, QueuePair, RemoteQp};
+use crate::wc::{GrhInfo, GRH_LEN};
 
 /// rdma_cm's TCP port space (`RDMA_PS_TCP`): the service ID's bits 16-31.
 pub const PS_TCP: u64 = 0x0106;
@@ -56,7 +57,7 @@ const PENDING_MAX: usize = 64;
 /// SIDR answers kept to send again when their request is repeated.
 const SIDR_ANSWERS_KEPT: usize = 32;
 /// A UD receive: the 40-byte GRH area, then the MAD.
-const RECV_LEN: usize = 40 + MAD_LEN;
+const RECV_LEN: usize = GRH_LEN + MAD_LEN;
 /// Receives kept posted on QP1.
 const RECV_SLOTS: usize = 32;
 /// How long one attempt waits for the answer before sending again (the
@@ -173,6 +174,8 @@ pub struct Request {
     pub private_data: Vec<u8>,
     req: Req,
     tid: u64,
+    /// The traffic class a REJ of it goes with (see `CmAgent::rx_tclass`).
+    traffic_class: u8,
 }
 
 /// A UD QP a SIDR_REP named (rdma_cm's `ud` event parameters).
@@ -196,6 +199,8 @@ pub struct UdRequest {
     pub private_data: Vec<u8>,
     req: SidrReq,
     tid: u64,
+    /// The traffic class the answer goes with (see `CmAgent::rx_tclass`).
+    traffic_class: u8,
 }
 
 /// Where a connection stands, for answering its peer's repeats.
@@ -204,6 +209,9 @@ struct Conn {
     peer_gid: Ipv6Addr,
     remote_comm_id: u32,
     tid: u64,
+    /// Every MAD of the connection goes with its path's traffic class, as
+    /// the kernel's CM sends them.
+    traffic_class: u8,
     /// What we sent last (resent when the peer repeats itself).
     last_sent: Option<CmMessage>,
     /// A DREQ came, or ours was answered.
@@ -230,8 +238,12 @@ pub struct CmAgent<'a> {
     pending_ud: Vec<UdRequest>,
     /// The last SIDR answers sent: (requester's GID, request ID, answer).
     sidr_answers: VecDeque<(Ipv6Addr, u32, CmMessage)>,
-    /// MADs received and not looked at yet (transaction ID, message).
-    inbox: VecDeque<(u64, CmMessage)>,
+    /// MADs received and not looked at yet (transaction ID, message, the
+    /// traffic class to answer it with).
+    inbox: VecDeque<(u64, CmMessage, u8)>,
+    /// The traffic class the kernel's CM would answer the MAD taken last
+    /// from the inbox with, when no connection gives one (an AH from its WC).
+    rx_tclass: u8,
     /// MADs dropped (not CM, malformed, unknown connection).
     pub dropped: u64,
 }
@@ -350,6 +362,7 @@ impl<'a> CmAgent<'a> {
             pending_ud: Vec::new(),
             sidr_answers: VecDeque::new(),
             inbox: VecDeque::new(),
+            rx_tclass: 0,
             dropped: 0,
         };
         for slot in 0..RECV_SLOTS {
@@ -375,12 +388,13 @@ impl<'a> CmAgent<'a> {
         }
     }
 
-    fn send(&mut self, to: Ipv6Addr, tid: u64, msg: &CmMessage) -> Result<()> {
+    fn send(&mut self, to: Ipv6Addr, tid: u64, msg: &CmMessage, traffic_class: u8) -> Result<()> {
         let bytes = mad::emit(tid, msg);
         let at = (RECV_SLOTS * RECV_LEN) as u64;
         self.mr.write(at, &bytes)?;
         let path = ConnectOptions {
             sgid_index: self.sgid_index,
+            traffic_class,
             ..ConnectOptions::default()
         }
         .path_to(self.ctx, to)?;
@@ -438,10 +452,22 @@ impl<'a> CmAgent<'a> {
         }
         self.post_recv(slot)?;
         let parsed = (wc.status == WcStatus::Success && got == RECV_LEN)
-            .then(|| mad::parse(&buf[40..]).ok())
+            .then(|| mad::parse(&buf[GRH_LEN..]).ok())
             .flatten();
+        let mut grh = [0u8; GRH_LEN];
+        grh.copy_from_slice(&buf[..GRH_LEN]);
+        let from = GrhInfo::parse(&grh);
+        // The kernel's CM answers a request from its WC's GRH read as an
+        // IPv6 one (ib_init_ah_attr_from_wc): over IPv4 that is the zero
+        // bytes before the IPv4 header, so rxe's SIDR_REP to a SIDR_REQ of
+        // TOS 0x60 goes with 0 (seen on the wire).
+        let tclass = if from.src.to_ipv4_mapped().is_some() {
+            0
+        } else {
+            from.traffic_class
+        };
         match parsed {
-            Some((h, msg)) => self.inbox.push_back((h.transaction_id, msg)),
+            Some((h, msg)) => self.inbox.push_back((h.transaction_id, msg, tclass)),
             None => self.dropped += 1,
         }
         Ok(())
@@ -456,8 +482,9 @@ impl<'a> CmAgent<'a> {
     fn recv(&mut self, timeout: Duration) -> Result<Option<(u64, CmMessage)>> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(m) = self.inbox.pop_front() {
-                return Ok(Some(m));
+            if let Some((tid, msg, tclass)) = self.inbox.pop_front() {
+                self.rx_tclass = tclass;
+                return Ok(Some((tid, msg)));
             }
             // `send` takes its own completion: none is left to look at here.
             self.drain_cq()?;
@@ -499,12 +526,12 @@ impl<'a> CmAgent<'a> {
                     return Ok(None);
                 };
                 c.disconnected = true;
-                let peer = c.peer_gid;
+                let (peer, tclass) = (c.peer_gid, c.traffic_class);
                 let drep = CmMessage::Drep(Ids {
                     local_comm_id: d.remote_comm_id,
                     remote_comm_id: d.local_comm_id,
                 });
-                self.send(peer, tid, &drep)?;
+                self.send(peer, tid, &drep, tclass)?;
             }
             CmMessage::Req(r) => {
                 let from = Ipv6Addr::from(r.primary.local_gid);
@@ -512,10 +539,10 @@ impl<'a> CmAgent<'a> {
                     .conns
                     .values()
                     .find(|c| c.remote_comm_id == r.local_comm_id && c.peer_gid == from)
-                    .map(|c| (c.peer_gid, c.tid, c.last_sent.clone()));
-                if let Some((peer, tid, last)) = repeat {
+                    .map(|c| (c.peer_gid, c.tid, c.last_sent.clone(), c.traffic_class));
+                if let Some((peer, tid, last, tclass)) = repeat {
                     if let Some(last) = last {
-                        self.send(peer, tid, &last)?;
+                        self.send(peer, tid, &last, tclass)?;
                     }
                     return Ok(None);
                 }
@@ -528,7 +555,7 @@ impl<'a> CmAgent<'a> {
                     .find(|(g, id, _)| Some(*g) == from && *id == r.request_id)
                     .map(|(g, _, m)| (*g, m.clone()));
                 if let Some((peer, answer)) = repeat {
-                    self.send(peer, tid, &answer)?;
+                    self.send(peer, tid, &answer, self.rx_tclass)?;
                     return Ok(None);
                 }
             }
@@ -537,9 +564,9 @@ impl<'a> CmAgent<'a> {
                     .conns
                     .get(&r.remote_comm_id)
                     .filter(|c| c.remote_comm_id == r.local_comm_id)
-                    .map(|c| (c.peer_gid, c.tid, c.last_sent.clone()));
-                if let Some((peer, tid, Some(last))) = repeat {
-                    self.send(peer, tid, &last)?;
+                    .map(|c| (c.peer_gid, c.tid, c.last_sent.clone(), c.traffic_class));
+                if let Some((peer, tid, Some(last), tclass)) = repeat {
+                    self.send(peer, tid, &last, tclass)?;
                     return Ok(None);
                 }
             }
@@ -549,7 +576,8 @@ impl<'a> CmAgent<'a> {
     }
 
     /// A REQ for rdma_cm's TCP port space as a [`Request`].
-    fn request_of(tid: u64, r: Req) -> Option<Request> {
+    /// The REQ was the last MAD taken: its traffic class is [`CmAgent::rx_tclass`].
+    fn request_of(&self, tid: u64, r: Req) -> Option<Request> {
         if r.service_id >> 16 != PS_TCP || r.transport_service_type != 0 {
             return None;
         }
@@ -560,11 +588,13 @@ impl<'a> CmAgent<'a> {
             private_data: r.private_data[CMA_HDR_LEN..].to_vec(),
             req: r,
             tid,
+            traffic_class: self.rx_tclass,
         })
     }
 
-    /// A SIDR_REQ for rdma_cm's UDP port space as a [`UdRequest`].
-    fn ud_request_of(tid: u64, r: SidrReq) -> Option<UdRequest> {
+    /// A SIDR_REQ for rdma_cm's UDP port space as a [`UdRequest`] (the last
+    /// MAD taken, as for [`CmAgent::request_of`]).
+    fn ud_request_of(&self, tid: u64, r: SidrReq) -> Option<UdRequest> {
         if r.service_id >> 16 != PS_UDP {
             return None;
         }
@@ -575,6 +605,7 @@ impl<'a> CmAgent<'a> {
             private_data: r.private_data[CMA_HDR_LEN..].to_vec(),
             req: r,
             tid,
+            traffic_class: self.rx_tclass,
         })
     }
 
@@ -588,7 +619,7 @@ impl<'a> CmAgent<'a> {
     /// [`PENDING_MAX`] waiting is dropped: the first is answered once taken.
     fn stash(&mut self, tid: u64, msg: CmMessage) -> Result<()> {
         match msg {
-            CmMessage::Req(r) => match Self::request_of(tid, *r) {
+            CmMessage::Req(r) => match self.request_of(tid, *r) {
                 Some(req) if self.listening.contains(&req.port) => {
                     let waiting = self.pending.iter().any(|p| {
                         p.req.local_comm_id == req.req.local_comm_id
@@ -603,7 +634,7 @@ impl<'a> CmAgent<'a> {
                 Some(req) => self.reject(&req, REJ_INVALID_SERVICE_ID)?,
                 None => self.dropped += 1,
             },
-            CmMessage::SidrReq(r) => match Self::ud_request_of(tid, *r) {
+            CmMessage::SidrReq(r) => match self.ud_request_of(tid, *r) {
                 Some(req) if self.listening_ud.contains(&req.port) => {
                     let waiting = self.pending_ud.iter().any(|p| {
                         p.req.request_id == req.req.request_id && p.peer.ip() == req.peer.ip()
@@ -711,11 +742,13 @@ impl<'a> CmAgent<'a> {
                 peer_gid,
                 remote_comm_id: 0,
                 tid,
+                traffic_class: param.traffic_class,
                 last_sent: None,
                 disconnected: false,
             },
         );
-        let rep = match self.await_answer(peer_gid, tid, &req, local_comm_id, |m| {
+        let tclass = param.traffic_class;
+        let rep = match self.await_answer(peer_gid, tid, &req, local_comm_id, tclass, |m| {
             matches!(m, CmMessage::Rep(_))
         }) {
             Ok(CmMessage::Rep(rep)) => rep,
@@ -750,7 +783,7 @@ impl<'a> CmAgent<'a> {
             remote_comm_id: rep.local_comm_id,
         });
         if let Err(e) = qp.connect(self.ctx, &remote, &opts) {
-            self.reject_rep(peer_gid, tid, local_comm_id, rep.local_comm_id)?;
+            self.reject_rep(peer_gid, tid, local_comm_id, rep.local_comm_id, tclass)?;
             self.conns.remove(&local_comm_id);
             return Err(e);
         }
@@ -758,7 +791,7 @@ impl<'a> CmAgent<'a> {
             c.remote_comm_id = rep.local_comm_id;
             c.last_sent = Some(rtu.clone());
         }
-        self.send(peer_gid, tid, &rtu)?;
+        self.send(peer_gid, tid, &rtu, tclass)?;
         Ok(Connection {
             local_comm_id,
             remote_comm_id: rep.local_comm_id,
@@ -770,17 +803,19 @@ impl<'a> CmAgent<'a> {
 
     /// Sends `msg` (again every [`RESEND_AFTER`], up to [`MAX_CM_RETRIES`]
     /// times; an MRA buys the time it asks for) until the answer `wanted`
-    /// picks arrives for connection `local_comm_id`; a REJ ends it.
+    /// picks arrives for connection `local_comm_id`; a REJ ends it. Sent
+    /// with the connection's traffic class.
     fn await_answer(
         &mut self,
         peer: Ipv6Addr,
         tid: u64,
         msg: &CmMessage,
         local_comm_id: u32,
+        traffic_class: u8,
         wanted: impl Fn(&CmMessage) -> bool,
     ) -> Result<CmMessage> {
         for _ in 0..MAX_CM_RETRIES {
-            self.send(peer, tid, msg)?;
+            self.send(peer, tid, msg, traffic_class)?;
             let mut deadline = Instant::now() + RESEND_AFTER;
             while let Some((t, m)) = self.next_until(deadline)? {
                 if m.remote_comm_id() != local_comm_id {
@@ -807,9 +842,17 @@ impl<'a> CmAgent<'a> {
         ))
     }
 
-    fn reject_rep(&mut self, peer: Ipv6Addr, tid: u64, local: u32, remote: u32) -> Result<()> {
+    fn reject_rep(
+        &mut self,
+        peer: Ipv6Addr,
+        tid: u64,
+        local: u32,
+        remote: u32,
+        traffic_class: u8,
+    ) -> Result<()> {
         // No resources for the connection the REP offered (IBTA table 109: 3).
-        self.send(peer, tid, &rej(local, remote, answers::REP, 3))
+        let msg = rej(local, remote, answers::REP, 3);
+        self.send(peer, tid, &msg, traffic_class)
     }
 
     /// rdma_get_request: the next connection request for `port` (rdma_cm's
@@ -825,7 +868,7 @@ impl<'a> CmAgent<'a> {
                 return Err(Error::Timeout(timeout, "a connection request"));
             };
             match m {
-                CmMessage::Req(r) => match Self::request_of(t, *r) {
+                CmMessage::Req(r) => match self.request_of(t, *r) {
                     Some(req) if req.port == port => return Ok(req),
                     Some(req) => self.stash(req.tid, CmMessage::Req(Box::new(req.req)))?,
                     None => self.dropped += 1,
@@ -897,11 +940,13 @@ impl<'a> CmAgent<'a> {
                 peer_gid,
                 remote_comm_id: r.local_comm_id,
                 tid: request.tid,
+                traffic_class: r.primary.traffic_class,
                 last_sent: Some(rep.clone()),
                 disconnected: false,
             },
         );
-        match self.await_answer(peer_gid, request.tid, &rep, local_comm_id, |m| {
+        let tclass = r.primary.traffic_class;
+        match self.await_answer(peer_gid, request.tid, &rep, local_comm_id, tclass, |m| {
             matches!(m, CmMessage::Rtu(_))
         }) {
             Ok(_) => Ok(Connection {
@@ -927,14 +972,20 @@ impl<'a> CmAgent<'a> {
             answers::REQ,
             reason,
         );
-        self.send(peer, request.tid, &msg)
+        self.send(peer, request.tid, &msg, request.traffic_class)
     }
 
     /// rdma_connect for a UD QP (rdma_cm's UDP port space): asks the
     /// connection manager at `dst` which QP serves its port (SIDR_REQ,
     /// sent again until answered) and returns what the SIDR_REP names. A
-    /// refusal comes back as [`Error::SidrRefused`].
-    pub fn resolve_ud(&mut self, dst: SocketAddr, private_data: &[u8]) -> Result<UdPeer> {
+    /// refusal comes back as [`Error::SidrRefused`]. The SIDR_REQ goes with
+    /// `traffic_class` (rdma_cm's TOS of the ID).
+    pub fn resolve_ud(
+        &mut self,
+        dst: SocketAddr,
+        private_data: &[u8],
+        traffic_class: u8,
+    ) -> Result<UdPeer> {
         let peer_gid = gid_of(dst.ip());
         let my_gid = self.ctx.query_gid(self.sgid_index)?;
         let my_ip = my_gid
@@ -952,7 +1003,7 @@ impl<'a> CmAgent<'a> {
             private_data: private,
         }));
         let tid = self.next_tid();
-        match self.await_answer(peer_gid, tid, &req, request_id, |m| {
+        match self.await_answer(peer_gid, tid, &req, request_id, traffic_class, |m| {
             matches!(m, CmMessage::SidrRep(_))
         })? {
             CmMessage::SidrRep(rep) if rep.status == sidr_status::SUCCESS => Ok(UdPeer {
@@ -985,7 +1036,7 @@ impl<'a> CmAgent<'a> {
                 return Err(Error::Timeout(timeout, "a SIDR request"));
             };
             match m {
-                CmMessage::SidrReq(r) => match Self::ud_request_of(t, *r) {
+                CmMessage::SidrReq(r) => match self.ud_request_of(t, *r) {
                     Some(req) if req.port == port => return Ok(req),
                     Some(req) => self.stash(req.tid, CmMessage::SidrReq(Box::new(req.req)))?,
                     None => self.dropped += 1,
@@ -1041,7 +1092,7 @@ impl<'a> CmAgent<'a> {
         }
         self.sidr_answers
             .push_back((peer, request.req.request_id, rep.clone()));
-        self.send(peer, request.tid, &rep)
+        self.send(peer, request.tid, &rep, request.traffic_class)
     }
 
     /// rdma_disconnect: `qp` goes to ERR (what it still holds completes
@@ -1059,13 +1110,17 @@ impl<'a> CmAgent<'a> {
     pub fn disconnect_id(&mut self, conn: &Connection) -> Result<()> {
         if !self.gone(conn) {
             let tid = self.next_tid();
+            let tclass = self
+                .conns
+                .get(&conn.local_comm_id)
+                .map_or(0, |c| c.traffic_class);
             let dreq = CmMessage::Dreq(Dreq {
                 local_comm_id: conn.local_comm_id,
                 remote_comm_id: conn.remote_comm_id,
                 remote_qpn: conn.remote_qpn,
             });
             'sends: for _ in 0..3 {
-                self.send(conn.peer_gid, tid, &dreq)?;
+                self.send(conn.peer_gid, tid, &dreq, tclass)?;
                 let deadline = Instant::now() + RESEND_AFTER;
                 while let Some((t, m)) = self.next_until(deadline)? {
                     match m {

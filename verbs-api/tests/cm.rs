@@ -165,13 +165,13 @@ fn sidr_resolves_a_ud_port_and_refuses_an_unserved_one() {
         let pd = cc.alloc_pd();
         let mut cm = CmAgent::new(&cc, &pd, 0).unwrap();
         let unserved: SocketAddr = "198.18.0.1:7000".parse().unwrap();
-        match cm.resolve_ud(unserved, b"udp") {
+        match cm.resolve_ud(unserved, b"udp", 0) {
             Err(Error::SidrRefused { status }) => assert_eq!(status, sidr_status::UNSUPPORTED),
             other => panic!("expected a refusal, got {other:?}"),
         }
         let dst: SocketAddr = "198.18.0.1:7471".parse().unwrap();
         let peer = loop {
-            match cm.resolve_ud(dst, b"udp") {
+            match cm.resolve_ud(dst, b"udp", 0) {
                 Err(Error::SidrRefused { .. }) => std::thread::sleep(Duration::from_millis(50)),
                 other => break other.unwrap(),
             }
@@ -228,7 +228,7 @@ fn a_repeated_sidr_request_is_taken_once() {
         let pd = cc.alloc_pd();
         let mut cm = CmAgent::new(&cc, &pd, 0).unwrap();
         let dst: SocketAddr = "198.18.0.1:7471".parse().unwrap();
-        let peer = cm.resolve_ud(dst, &[]).unwrap();
+        let peer = cm.resolve_ud(dst, &[], 0).unwrap();
         assert_eq!(peer.qkey, RDMA_UDP_QKEY);
         srv.join().unwrap();
     });

@@ -1145,7 +1145,7 @@ fn cm_resolve_ud(
         }));
     };
     let peer = loop {
-        match cm.resolve_ud(dst, &[]) {
+        match cm.resolve_ud(dst, &[], opts.traffic_class) {
             Ok(p) => break p,
             Err(ferroce_verbs::Error::SidrRefused { status })
                 if status == sidr_status::UNSUPPORTED && std::time::Instant::now() < deadline =>

@@ -147,13 +147,15 @@ fn session(a: &Args) -> Result<(), String> {
             let dst = common::resolve(host, PORT).map_err(|e| format!("rdma_getaddrinfo: {e}"))?;
             for _ in 0..a.connections {
                 let mut node = Node::new(&ctx, &pd, a, &opts)?;
-                let peer = cm.resolve_ud(dst, &[]).map_err(|e| match e {
-                    ferroce_verbs::Error::SidrRefused { status } => format!(
-                        "event: RDMA_CM_EVENT_UNREACHABLE, error: SIDR status {status} ({})",
-                        sidr_status::name(status)
-                    ),
-                    e => format!("rdma_connect: {e}"),
-                })?;
+                let peer = cm
+                    .resolve_ud(dst, &[], opts.traffic_class)
+                    .map_err(|e| match e {
+                        ferroce_verbs::Error::SidrRefused { status } => format!(
+                            "event: RDMA_CM_EVENT_UNREACHABLE, error: SIDR status {status} ({})",
+                            sidr_status::name(status)
+                        ),
+                        e => format!("rdma_connect: {e}"),
+                    })?;
                 node.peer = Some(peer);
                 nodes.push(node);
             }
