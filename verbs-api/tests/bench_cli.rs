@@ -499,7 +499,9 @@ fn run_infinitely_reports_until_stopped() {
         let l = lines_read.next().expect("a result line").expect("read");
         let v: Value = serde_json::from_str(&l).expect("JSON");
         assert_eq!(v["data_check"], "verified", "{v}");
-        assert!(v["seconds"].as_f64().unwrap_or(0.0) >= 1.0, "{v}");
+        // A period of -D 1 (measured between two clock readings: 0.999999992
+        // has been seen).
+        assert!(v["seconds"].as_f64().unwrap_or(0.0) >= 0.99, "{v}");
         assert!(v["iterations"].as_u64().unwrap_or(0) > 0, "{v}");
     }
     cli.kill().expect("stop the client");
