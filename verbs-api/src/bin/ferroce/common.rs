@@ -110,3 +110,38 @@ pub fn gid_index_for(
         .position(|g| *g == want)
         .ok_or_else(|| format!("rdma_bind_addr: {b} is not an address of this device"))
 }
+
+/// The flags the librdmacm example clones (rdma-server / rdma-client,
+/// udaddy, ucmatose) add to the stock tools': ferroce's device, engine and
+/// GID, and a time-out (the stock tools wait without end; a lost UD
+/// message is never resent).
+#[derive(clap::Args, Debug)]
+pub struct CmToolDevice {
+    /// Device (interface, or ferroce_<ifname>).
+    #[arg(short = 'd', long = "ib-dev")]
+    pub dev: Option<String>,
+    /// Packet engine: auto, afxdp, afpacket or udp.
+    #[arg(long, default_value = "auto")]
+    pub backend: Backend,
+    /// GID index (default: the `-b` address's where the tool takes `-b`,
+    /// else the IPv4-mapped one).
+    #[arg(short = 'x', long = "gid-index")]
+    pub gid_index: Option<usize>,
+    /// Give up after this long without the peer or a message (seconds).
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
+}
+
+impl CmToolDevice {
+    pub fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.timeout)
+    }
+
+    /// The device (its engine on a thread of its own) and the GID index:
+    /// `-x`, else `bind`'s, else the IPv4-mapped one.
+    pub fn open(&self, bind: Option<&str>) -> Result<(Context, usize), String> {
+        let ctx = open_device(self.dev.as_deref(), self.backend, EngineMode::Thread, None)?;
+        let gid_index = gid_index_for(&ctx, self.gid_index, bind)?;
+        Ok((ctx, gid_index))
+    }
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use ferroce_verbs::cm::{CmAgent, ConnParam};
-use ferroce_verbs::{AccessFlags, Backend, EngineMode, QpType, RecvWr, SendOp, SendWr};
+use ferroce_verbs::{AccessFlags, QpType, RecvWr, SendOp, SendWr};
 
 use crate::common;
 
@@ -25,18 +25,8 @@ pub struct Args {
     /// Port in rdma_cm's TCP port space.
     #[arg(short = 'p', default_value = DEFAULT_PORT)]
     pub port: String,
-    /// Device (interface, or ferroce_<ifname>).
-    #[arg(short = 'd', long = "ib-dev")]
-    pub dev: Option<String>,
-    /// Packet engine: auto, afxdp, afpacket or udp.
-    #[arg(long, default_value = "auto")]
-    pub backend: Backend,
-    /// GID index (default: the IPv4-mapped one).
-    #[arg(short = 'x', long = "gid-index")]
-    pub gid_index: Option<usize>,
-    /// Give up after this long without the peer (seconds).
-    #[arg(long, default_value_t = 60)]
-    pub timeout: u64,
+    #[command(flatten)]
+    pub device: common::CmToolDevice,
 }
 
 /// `rdma_client` (`server` true: `rdma_server`); the exit status is the
@@ -56,15 +46,12 @@ pub fn run(a: Args, server: bool) -> i32 {
 }
 
 fn session(a: &Args, server: bool) -> Result<(), String> {
-    let timeout = Duration::from_secs(a.timeout);
+    let timeout = a.device.timeout();
     let port: u16 = a
         .port
         .parse()
         .map_err(|_| format!("port {:?} is not a number", a.port))?;
-    let ctx = common::open_device(a.dev.as_deref(), a.backend, EngineMode::Thread, None)?;
-    let gid_index = a
-        .gid_index
-        .unwrap_or_else(|| common::default_gid_index(&ctx));
+    let (ctx, gid_index) = a.device.open(None)?;
     let pd = ctx.alloc_pd();
     let mut cm = CmAgent::new(&ctx, &pd, gid_index).map_err(|e| e.to_string())?;
     let cq = ctx.create_cq(4).map_err(|e| e.to_string())?;

@@ -12,8 +12,8 @@ use std::time::Duration;
 use clap::Parser;
 use ferroce_verbs::cm::{CmAgent, ConnParam, Connection};
 use ferroce_verbs::{
-    AccessFlags, Backend, CompletionQueue, Context, EngineMode, MemoryRegion, ProtectionDomain,
-    QpType, QueuePair, RecvWr, SendOp, SendWr, WcStatus,
+    AccessFlags, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpType, QueuePair,
+    RecvWr, SendOp, SendWr, WcStatus,
 };
 
 use crate::common;
@@ -55,19 +55,8 @@ pub struct Args {
     /// bookkeeping: nothing on the wire; the line is printed).
     #[arg(short = 'm')]
     pub migrate: bool,
-    /// Device (interface, or ferroce_<ifname>).
-    #[arg(short = 'd', long = "ib-dev")]
-    pub dev: Option<String>,
-    /// Packet engine: auto, afxdp, afpacket or udp.
-    #[arg(long, default_value = "auto")]
-    pub backend: Backend,
-    /// GID index (default: the `-b` address's, else the IPv4-mapped one).
-    #[arg(short = 'x', long = "gid-index")]
-    pub gid_index: Option<usize>,
-    /// Give up after this long without the peer or a message (seconds; the
-    /// stock tool waits without end).
-    #[arg(long, default_value_t = 60)]
-    pub timeout: u64,
+    #[command(flatten)]
+    pub device: common::CmToolDevice,
 }
 
 /// `ucmatose`; the exit status is the example's `ret` (0 or 1).
@@ -111,9 +100,8 @@ fn session(a: &Args) -> Result<(), String> {
         Some("gid") => return Err("-f gid needs AF_IB, which RoCE has not".into()),
         Some(_) => eprintln!("Warning: unknown address format"),
     }
-    let timeout = Duration::from_secs(a.timeout);
-    let ctx = common::open_device(a.dev.as_deref(), a.backend, EngineMode::Thread, None)?;
-    let gid_index = common::gid_index_for(&ctx, a.gid_index, a.bind.as_deref())?;
+    let timeout = a.device.timeout();
+    let (ctx, gid_index) = a.device.open(a.bind.as_deref())?;
     let pd = ctx.alloc_pd();
     let mut cm = CmAgent::new(&ctx, &pd, gid_index).map_err(|e| e.to_string())?;
     let ack_timeout = a.ack_timeout.map(|t| t.min(31) as u8);

@@ -15,8 +15,8 @@ use ferroce_verbs::cm::{init_ud_qp, CmAgent, UdPeer, RDMA_UDP_QKEY};
 use ferroce_verbs::context::gid_of;
 use ferroce_verbs::wc::{GrhInfo, GRH_LEN};
 use ferroce_verbs::{
-    AccessFlags, Backend, CompletionQueue, ConnectOptions, Context, EngineMode, MemoryRegion,
-    ProtectionDomain, QpType, QueuePair, RecvWr, SendOp, SendWr, UdDest, WcOpcode, WcStatus,
+    AccessFlags, CompletionQueue, ConnectOptions, Context, MemoryRegion, ProtectionDomain, QpType,
+    QueuePair, RecvWr, SendOp, SendWr, UdDest, WcOpcode, WcStatus,
 };
 
 use crate::common;
@@ -58,19 +58,8 @@ pub struct Args {
     /// Address format: ip or name (gid needs AF_IB, which RoCE has not).
     #[arg(short = 'f')]
     pub format: Option<String>,
-    /// Device (interface, or ferroce_<ifname>).
-    #[arg(short = 'd', long = "ib-dev")]
-    pub dev: Option<String>,
-    /// Packet engine: auto, afxdp, afpacket or udp.
-    #[arg(long, default_value = "auto")]
-    pub backend: Backend,
-    /// GID index (default: the `-b` address's, else the IPv4-mapped one).
-    #[arg(short = 'x', long = "gid-index")]
-    pub gid_index: Option<usize>,
-    /// Give up after this long without the peer or a message (seconds; the
-    /// stock tool waits without end, and a lost UD message is never resent).
-    #[arg(long, default_value_t = 60)]
-    pub timeout: u64,
+    #[command(flatten)]
+    pub device: common::CmToolDevice,
 }
 
 /// `udaddy`; the exit status is the example's `ret` (0 or 1).
@@ -121,9 +110,8 @@ fn session(a: &Args) -> Result<(), String> {
         Some("gid") => return Err("-f gid needs AF_IB, which RoCE has not".into()),
         Some(_) => eprintln!("Warning: unknown address format"),
     }
-    let timeout = Duration::from_secs(a.timeout);
-    let ctx = common::open_device(a.dev.as_deref(), a.backend, EngineMode::Thread, None)?;
-    let gid_index = common::gid_index_for(&ctx, a.gid_index, a.bind.as_deref())?;
+    let timeout = a.device.timeout();
+    let (ctx, gid_index) = a.device.open(a.bind.as_deref())?;
     let mtu = ctx.query_port().active_mtu;
     if a.size > mtu {
         return Err(format!(
