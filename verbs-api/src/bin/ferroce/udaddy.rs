@@ -12,7 +12,6 @@ use std::time::Duration;
 use clap::Parser;
 use ferroce_stack::wire::mad::sidr_status;
 use ferroce_verbs::cm::{init_ud_qp, CmAgent, UdPeer, RDMA_UDP_QKEY};
-use ferroce_verbs::context::gid_of;
 use ferroce_verbs::wc::{GrhInfo, GRH_LEN};
 use ferroce_verbs::{
     AccessFlags, CompletionQueue, ConnectOptions, Context, MemoryRegion, ProtectionDomain, QpType,
@@ -165,15 +164,10 @@ fn session(a: &Args) -> Result<(), String> {
                 let req = cm
                     .get_ud_request(PORT, timeout)
                     .map_err(|e| format!("rdma_get_request: {e}"))?;
-                let mut node = Node::new(&ctx, &pd, a, &opts)?;
+                let node = Node::new(&ctx, &pd, a, &opts)?;
                 cm.accept_ud(&req, &node.qp, &[])
                     .map_err(|e| format!("failing connection request: {e}"))?;
-                node.peer = Some(UdPeer {
-                    peer_gid: gid_of(req.peer.ip()),
-                    qpn: 0,
-                    qkey: RDMA_UDP_QKEY,
-                    private_data: Vec::new(),
-                });
+                // Whom to answer only the first message says (below).
                 nodes.push(node);
             }
             if a.count > 0 && a.size > 0 {
@@ -186,10 +180,12 @@ fn session(a: &Args) -> Result<(), String> {
                     n.mr.read(0, &mut g).map_err(|e| e.to_string())?;
                     let from = GrhInfo::parse(&g);
                     n.reply_tclass = Some(from.traffic_class);
-                    if let Some(p) = n.peer.as_mut() {
-                        p.qpn = qpn;
-                        p.peer_gid = from.src;
-                    }
+                    n.peer = Some(UdPeer {
+                        peer_gid: from.src,
+                        qpn,
+                        qkey: RDMA_UDP_QKEY,
+                        private_data: Vec::new(),
+                    });
                 }
                 println!("sending replies");
                 for n in &nodes {
