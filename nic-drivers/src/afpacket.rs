@@ -16,6 +16,7 @@ use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::frame::ROCE_V2_PORT;
+use crate::mcast::Memberships;
 use crate::raw_share::RawShare;
 use crate::{offload, sys};
 use crate::{NicError, PacketIo, RxSink, Stats, TxFill};
@@ -262,6 +263,10 @@ impl Drop for Mmap {
 /// options, not a fragment) or IPv6 (no extension headers) / UDP to `port`,
 /// and with `qpn_prefix`, only datagrams whose BTH destination QP has that
 /// top byte (or that are too short to hold one: the stack counts those).
+/// Top byte of the multicast QPN 0xFFFFFF (IBTA 10.5.2.4); no device's QPN
+/// prefix (`raw_share`) is ever 0xFF.
+const MULTICAST_QPN_TOP: u32 = 0xFF;
+
 pub fn udp_port_filter(port: u16, qpn_prefix: Option<u8>) -> Vec<libc::sock_filter> {
     // Opcodes from linux/bpf_common.h + linux/filter.h.
     const LDX_IMM: u16 = 0x01; // BPF_LDX | BPF_W | BPF_IMM
@@ -282,7 +287,7 @@ pub fn udp_port_filter(port: u16, qpn_prefix: Option<u8>) -> Vec<libc::sock_filt
     // Instructions 0..=18 end in "accept" (19 + `tail`) or "reject" (20 + `tail`);
     // with a prefix, the port checks go to the QPN checks (19.., 24..) first.
     let (tail, v6_ok) = if qpn_prefix.is_some() {
-        (10, 5)
+        (12, 6)
     } else {
         (0, 0)
     };
@@ -309,18 +314,23 @@ pub fn udp_port_filter(port: u16, qpn_prefix: Option<u8>) -> Vec<libc::sock_filt
     ];
     if let Some(q) = qpn_prefix {
         let q = u32::from(q);
+        // The multicast QPN's top byte: every device on the interface takes
+        // a copy, each for the QPs it attached to the group.
+        let mc = MULTICAST_QPN_TOP;
         let (bth4, bth6) = (14 + 20 + DEST_QP_TOP, 14 + 40 + DEST_QP_TOP);
         prog.extend([
             i(LD_LEN, 0, 0, 0),     // 19: A = frame length
             i(SUB_X, 0, 0, 0),      // 20: less the VLAN tag
-            i(JGE, 0, 7, bth4 + 1), // 21: no BTH byte 5 -> accept
+            i(JGE, 0, 9, bth4 + 1), // 21: no BTH byte 5 -> accept
             i(LDB_IND, 0, 0, bth4), // 22: A = destination QP >> 16
-            i(JEQ, 5, 6, q),        // 23: ours -> accept, else reject
-            i(LD_LEN, 0, 0, 0),     // 24: the same for IPv6
-            i(SUB_X, 0, 0, 0),      // 25
-            i(JGE, 0, 2, bth6 + 1), // 26
-            i(LDB_IND, 0, 0, bth6), // 27
-            i(JEQ, 0, 1, q),        // 28
+            i(JEQ, 7, 0, q),        // 23: ours -> accept
+            i(JEQ, 6, 7, mc),       // 24: multicast -> accept, else reject
+            i(LD_LEN, 0, 0, 0),     // 25: the same for IPv6
+            i(SUB_X, 0, 0, 0),      // 26
+            i(JGE, 0, 3, bth6 + 1), // 27
+            i(LDB_IND, 0, 0, bth6), // 28
+            i(JEQ, 1, 0, q),        // 29
+            i(JEQ, 0, 1, mc),       // 30
         ]);
     }
     prog.push(i(RET, 0, 0, 0x0004_0000)); // accept whole frame
@@ -350,6 +360,8 @@ pub struct AfPacketIo {
     mtu: usize,
     _sink: Option<OwnedFd>,
     share: Option<RawShare>,
+    /// Multicast groups joined on the interface (frames arrive on the ring).
+    mcast: Memberships,
     // The RX ring carries a virtio-net header before each frame (GSO size).
     vnet: bool,
     scratch: Vec<u8>,
@@ -672,6 +684,7 @@ impl AfPacketIo {
         // Ethernet header + one VLAN tag on top of the IP MTU.
         let max_frame_len = (mtu + 18).min(tx_frame_size - T2_DATA);
         Ok(AfPacketIo {
+            mcast: Memberships::new(ifindex, None, None),
             rx_fd,
             tx_fd,
             rx_ring,
@@ -1002,6 +1015,14 @@ impl PacketIo for AfPacketIo {
         self.share.as_ref().map(RawShare::prefix)
     }
 
+    fn join_multicast(&mut self, group: std::net::IpAddr) -> Result<(), NicError> {
+        self.mcast.join(group)
+    }
+
+    fn leave_multicast(&mut self, group: std::net::IpAddr) -> Result<(), NicError> {
+        self.mcast.leave(group).map(drop)
+    }
+
     fn poll_fd(&self) -> RawFd {
         self.rx_fd.as_raw_fd()
     }
@@ -1109,6 +1130,9 @@ pub(crate) mod tests {
             assert!(run_cbpf(&p, &to_qp(src, dst, 0x03_FFFF, 32)) > 0);
             assert_eq!(run_cbpf(&p, &to_qp(src, dst, 0x00_0011, 32)), 0, "{dst}");
             assert_eq!(run_cbpf(&p, &to_qp(src, dst, 0x04_0011, 32)), 0);
+            // The multicast QPN: every device takes a copy.
+            assert!(run_cbpf(&p, &to_qp(src, dst, 0xFF_FFFF, 32)) > 0, "{dst}");
+            assert_eq!(run_cbpf(&p, &to_qp(src, dst, 0xFE_FFFF, 32)), 0);
             // Too short for a BTH's QP: handed up, for the stack to count.
             assert!(run_cbpf(&p, &to_qp(src, dst, 0, 5)) > 0, "{dst}");
             assert_eq!(run_cbpf(&p, &to_qp(src, dst, 0x00_0011, 6)), 0);

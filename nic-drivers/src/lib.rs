@@ -22,6 +22,7 @@ pub mod afxdp;
 pub mod frame;
 pub mod ipv4_id;
 pub mod local_peers;
+pub mod mcast;
 pub mod mem;
 pub mod middleware;
 pub mod neigh;
@@ -285,6 +286,24 @@ pub trait PacketIo: Send {
         None
     }
 
+    /// Joins IP multicast group `group` (IPv4, or IPv6 and IPv4-mapped) on
+    /// the backend's link, so that frames to it arrive ([`crate::mcast`]).
+    /// Joins are counted: each needs its [`PacketIo::leave_multicast`].
+    fn join_multicast(&mut self, group: std::net::IpAddr) -> Result<(), NicError> {
+        Err(NicError::Unsupported(format!(
+            "multicast group {group} on the {} backend",
+            self.kind()
+        )))
+    }
+
+    /// Undoes one [`PacketIo::join_multicast`].
+    fn leave_multicast(&mut self, group: std::net::IpAddr) -> Result<(), NicError> {
+        Err(NicError::Unsupported(format!(
+            "multicast group {group} on the {} backend",
+            self.kind()
+        )))
+    }
+
     /// Whether [`PacketIo::transmit_gather`] sends payloads from where they
     /// lie (the UDP socket's scatter/gather send). Otherwise it joins each
     /// frame in its TX slot, which is no better than `transmit`.
@@ -387,6 +406,12 @@ impl<T: PacketIo + ?Sized> PacketIo for Box<T> {
     }
     fn gathers(&self) -> bool {
         (**self).gathers()
+    }
+    fn join_multicast(&mut self, group: std::net::IpAddr) -> Result<(), NicError> {
+        (**self).join_multicast(group)
+    }
+    fn leave_multicast(&mut self, group: std::net::IpAddr) -> Result<(), NicError> {
+        (**self).leave_multicast(group)
     }
     fn transmit_gather(&mut self, max: usize, src: &mut dyn TxSource) -> Result<usize, NicError> {
         (**self).transmit_gather(max, src)

@@ -294,6 +294,12 @@ impl PacketIo for LocalPeersIo {
     fn qpn_prefix(&self) -> Option<u8> {
         self.main.qpn_prefix()
     }
+    fn join_multicast(&mut self, group: std::net::IpAddr) -> Result<(), NicError> {
+        self.main.join_multicast(group)
+    }
+    fn leave_multicast(&mut self, group: std::net::IpAddr) -> Result<(), NicError> {
+        self.main.leave_multicast(group)
+    }
 
     fn stats(&self) -> Stats {
         let mut s = self.main.stats();

@@ -322,6 +322,15 @@ impl PacketIo for MemPort {
         self.timer.raw()
     }
 
+    /// The switch floods multicast MACs to every port: nothing to join.
+    fn join_multicast(&mut self, _group: std::net::IpAddr) -> Result<(), NicError> {
+        Ok(())
+    }
+
+    fn leave_multicast(&mut self, _group: std::net::IpAddr) -> Result<(), NicError> {
+        Ok(())
+    }
+
     fn stats(&self) -> Stats {
         lock(&self.shared)
             .ports

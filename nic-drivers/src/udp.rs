@@ -45,6 +45,7 @@ use std::time::Duration;
 
 use crate::frame::{self, HeaderSpec};
 use crate::ipv4_id::{self, IdRecovery};
+use crate::mcast::Memberships;
 use crate::port_share::{self, PortShare};
 use crate::sys;
 use crate::{
@@ -347,6 +348,12 @@ pub struct UdpIo {
     // Receives since the socket was bound (when to check the share).
     share_polls: u32,
     share_warned: bool,
+    // Multicast groups joined, each through a socket bound to the group and
+    // port (`crate::mcast`), read after the main socket; `mcast_epoll` holds
+    // them for the engine to sleep on (empty, and never readable, without).
+    mcast: Memberships,
+    mcast_fds: Vec<RawFd>,
+    mcast_epoll: OwnedFd,
 }
 
 impl Drop for UdpIo {
@@ -547,6 +554,24 @@ impl UdpIo {
             return Err(e);
         }
         let local = local_addr(raw)?;
+        // What the kernel sends to a group gets the TTL unicast frames get
+        // (64, rxe's from rdma_cm's join) rather than the socket default 1.
+        let _ = sys::setsockopt(
+            raw,
+            libc::IPPROTO_IP,
+            libc::IP_MULTICAST_TTL,
+            &ttl,
+            "IP_MULTICAST_TTL",
+        );
+        if v6 {
+            let _ = sys::setsockopt(
+                raw,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MULTICAST_HOPS,
+                &ttl,
+                "IPV6_MULTICAST_HOPS",
+            );
+        }
         let share = joining.map(|j| j.join(raw, cfg.share_prefix)).transpose()?;
         let rx_gro = gro;
         if gro && share.as_ref().is_some_and(|s| s.members() > 1) {
@@ -591,6 +616,9 @@ impl UdpIo {
             gro_capable: rx_gro,
             share_polls: 0,
             share_warned: false,
+            mcast: Memberships::new(0, Some(local.ip()), Some(local.port())),
+            mcast_fds: Vec::new(),
+            mcast_epoll: sys::epoll_of(&[])?,
             cfg,
         };
         if cfg.uring {
@@ -805,20 +833,27 @@ impl UdpIo {
         self.gro_stale = false;
     }
 
-    fn recv_mmsg(&mut self, max: usize, sink: &mut RxSinkChecked<'_>) -> Result<usize, NicError> {
+    /// Receives from `fd`: the device's socket (`main`) or a multicast
+    /// group's, which has no GRO.
+    fn recv_mmsg(
+        &mut self,
+        fd: RawFd,
+        main: bool,
+        max: usize,
+        sink: &mut RxSinkChecked<'_>,
+    ) -> Result<usize, NicError> {
         let mut delivered = 0;
         while delivered < max {
             // With GRO one message carries many frames: ask for as many messages as
             // should hold the frames still wanted, judging by the last receive.
-            let want = (max - delivered)
-                .div_ceil(self.rx_frames_per_msg)
-                .min(self.rx_hdrs.len());
+            let per_msg = if main { self.rx_frames_per_msg } else { 1 };
+            let want = (max - delivered).div_ceil(per_msg).min(self.rx_hdrs.len());
             self.prepare_rx(want);
             let want = want as libc::c_uint;
             // SAFETY: rx_hdrs[..want] are initialised and point into live slots.
             let r = unsafe {
                 libc::recvmmsg(
-                    self.sock.as_raw_fd(),
+                    fd,
                     self.rx_hdrs.as_mut_ptr(),
                     want,
                     libc::MSG_DONTWAIT,
@@ -830,7 +865,9 @@ impl UdpIo {
                 let e = std::io::Error::last_os_error();
                 match e.raw_os_error() {
                     Some(libc::EAGAIN) => {
-                        self.queue_drained();
+                        if main {
+                            self.queue_drained();
+                        }
                         break;
                     }
                     Some(libc::EINTR) => break,
@@ -846,6 +883,12 @@ impl UdpIo {
             let before = delivered;
             for i in 0..got {
                 delivered += self.deliver(i, sink);
+            }
+            if !main {
+                if got < want as usize {
+                    break;
+                }
+                continue;
             }
             if let Some(per) = (delivered - before).checked_div(got) {
                 self.rx_frames_per_msg = per.max(1);
@@ -1115,10 +1158,62 @@ impl PacketIo for UdpIo {
         sink: &mut RxSinkChecked<'_>,
     ) -> Result<usize, NicError> {
         self.maintain_share();
-        if self.uring.is_some() {
-            return self.recv_uring(max, sink);
+        let mut n = if self.uring.is_some() {
+            self.recv_uring(max, sink)?
+        } else {
+            self.recv_mmsg(self.sock.as_raw_fd(), true, max, sink)?
+        };
+        for i in 0..self.mcast_fds.len() {
+            let Some(&fd) = self.mcast_fds.get(i) else {
+                break;
+            };
+            if n >= max {
+                break;
+            }
+            n += self.recv_mmsg(fd, false, max - n, sink)?;
         }
-        self.recv_mmsg(max, sink)
+        Ok(n)
+    }
+
+    fn second_poll_fd(&self) -> Option<RawFd> {
+        Some(self.mcast_epoll.as_raw_fd())
+    }
+
+    /// A socket bound to the group and port receives its datagrams (with a
+    /// socket of its own: the device's is bound to a unicast address). The
+    /// kernel's IP_MULTICAST_LOOP is left on, so QPs of this host attached
+    /// to the group also hear what is sent to it, as with rxe.
+    fn join_multicast(&mut self, group: IpAddr) -> Result<(), NicError> {
+        self.mcast.join(group)?;
+        if let Some(fd) = self.mcast.receive_fd(group) {
+            if !self.mcast_fds.contains(&fd) {
+                let mut ev = libc::epoll_event {
+                    events: libc::EPOLLIN as u32,
+                    u64: fd as u64,
+                };
+                // SAFETY: both fds are open; ev is a valid epoll_event.
+                let r = unsafe {
+                    libc::epoll_ctl(
+                        self.mcast_epoll.as_raw_fd(),
+                        libc::EPOLL_CTL_ADD,
+                        fd,
+                        &mut ev,
+                    )
+                };
+                sys::cvt(r, "epoll_ctl ADD multicast socket")?;
+                self.mcast_fds.push(fd);
+            }
+        }
+        Ok(())
+    }
+
+    fn leave_multicast(&mut self, group: IpAddr) -> Result<(), NicError> {
+        // Closing the socket takes it out of the epoll set too.
+        if let Some(sock) = self.mcast.leave(group)? {
+            let fd = sock.as_raw_fd();
+            self.mcast_fds.retain(|&f| f != fd);
+        }
+        Ok(())
     }
 
     /// No copy: see `UdpIo::send_from`, here with whole frames.

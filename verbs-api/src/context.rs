@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ferroce_nic::{NicError, PacketIo};
-use ferroce_stack::transport::{Config, Core, Path};
+use ferroce_stack::transport::{mcast, Config, Core, Path};
 
 use crate::device::{self, DeviceConfig, Interface};
 use crate::engine::{Engine, EngineMode, Inner};
@@ -30,6 +30,10 @@ pub struct DeviceAttr {
     pub max_srq: u32,
     pub max_inline_data: u32,
     pub max_msg_size: u64,
+    /// Multicast groups, QPs per group, attachments in all (rxe's limits).
+    pub max_mcast_grp: u32,
+    pub max_mcast_qp_attach: u32,
+    pub max_total_mcast_qp_attach: u32,
 }
 
 /// Port attributes (ibv_port_attr, RoCE: link layer Ethernet, always port 1).
@@ -221,6 +225,9 @@ impl Context {
             max_srq: c.max_srq,
             max_inline_data: c.max_inline_data,
             max_msg_size: c.max_msg_size,
+            max_mcast_grp: mcast::MAX_MCAST_GRP,
+            max_mcast_qp_attach: mcast::MAX_MCAST_QP_ATTACH,
+            max_total_mcast_qp_attach: mcast::MAX_TOTAL_MCAST_QP_ATTACH,
         };
         let mut inner = Inner::new(Core::new(c, seed), io);
         inner.publisher = crate::counters::Publisher::new(&name, backend);
@@ -341,8 +348,11 @@ impl Context {
             None => IpAddr::V6(dgid),
         };
         let mut udp_sport = self.shared.udp_sport;
-        let dst_mac = match (self.shared.backend, &self.shared.ifname) {
-            ("afxdp" | "afpacket", Some(ifname)) => {
+        // A group's MAC follows from its address (ib_resolve_eth_dmac).
+        let group_mac = ferroce_nic::mcast::multicast_mac(dst_ip);
+        let dst_mac = match (group_mac, self.shared.backend, &self.shared.ifname) {
+            (Some(mac), _, _) => mac,
+            (None, "afxdp" | "afpacket", Some(ifname)) => {
                 let ifname = ifname.clone();
                 let lookup =
                     move || ferroce_nic::neigh::resolve(dst_ip, &ifname, Duration::from_secs(3));
@@ -369,7 +379,7 @@ impl Context {
                     })?,
                 }
             }
-            ("udp", _) => ferroce_nic::frame::mac_for_ip(dst_ip),
+            (None, "udp", _) => ferroce_nic::frame::mac_for_ip(dst_ip),
             _ => [0xff; 6],
         };
         Ok(Path {

@@ -213,6 +213,37 @@ impl<'pd> QueuePair<'pd> {
             .modify_qp(self.qpn, attr, mask)?)
     }
 
+    /// ibv_attach_mcast: packets sent to the multicast QPN and group `mgid`
+    /// (an IPv4 group as `::ffff:a.b.c.d`, or an IPv6 one) reach this UD QP.
+    /// The device joins the group on its link (IGMP/MLD), as the kernel's
+    /// rdma_cm does for rxe; attaching twice is one attachment.
+    pub fn attach_mcast(&self, mgid: Ipv6Addr) -> Result<()> {
+        let mut inner = self.pd.shared.engine.lock();
+        if inner.core.mcast_groups_of(self.qpn).contains(&mgid) {
+            return Ok(());
+        }
+        inner.core.attach_mcast(self.qpn, mgid)?;
+        if let Err(e) = inner.io.join_multicast(mgid.into()) {
+            let _ = inner.core.detach_mcast(self.qpn, mgid);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// The multicast groups this QP is attached to.
+    pub fn mcast_groups(&self) -> Vec<Ipv6Addr> {
+        self.pd.shared.engine.lock().core.mcast_groups_of(self.qpn)
+    }
+
+    /// ibv_detach_mcast: undoes [`QueuePair::attach_mcast`]; a group the QP
+    /// is not attached to is an error (EINVAL).
+    pub fn detach_mcast(&self, mgid: Ipv6Addr) -> Result<()> {
+        let mut inner = self.pd.shared.engine.lock();
+        inner.core.detach_mcast(self.qpn, mgid)?;
+        inner.io.leave_multicast(mgid.into())?;
+        Ok(())
+    }
+
     pub fn query(&self) -> Result<QpAttr> {
         Ok(self.pd.shared.engine.lock().core.query_qp(self.qpn)?)
     }
@@ -348,6 +379,13 @@ impl<'pd> QueuePair<'pd> {
 
 impl Drop for QueuePair<'_> {
     fn drop(&mut self) {
-        let _ = self.pd.shared.engine.lock().core.destroy_qp(self.qpn);
+        let mut inner = self.pd.shared.engine.lock();
+        // As at a process's exit with rxe: the QP leaves its groups first.
+        for mgid in inner.core.mcast_groups_of(self.qpn) {
+            if inner.core.detach_mcast(self.qpn, mgid).is_ok() {
+                let _ = inner.io.leave_multicast(mgid.into());
+            }
+        }
+        let _ = inner.core.destroy_qp(self.qpn);
     }
 }

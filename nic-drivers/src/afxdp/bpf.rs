@@ -85,13 +85,16 @@ impl Asm {
     }
     /// With the UDP payload at `bth` bytes into the frame (`r2`): too short
     /// for byte 5 of the BTH -> "redirect"; that byte (the top of the
-    /// destination QP) other than `prefix` -> "pass".
+    /// destination QP) other than `prefix` or the multicast QPN's 0xFF ->
+    /// "pass". (A frame can be redirected or passed, not both: multicast
+    /// reaches this device, not the other processes' AF_PACKET devices.)
     fn qpn_check(&mut self, bth: i16, prefix: u8) {
         let (r2, r3, r4, r5) = (2u8, 3u8, 4u8, 5u8);
         self.i(insn(MOV64_X, r4, r2, 0, 0));
         self.i(insn(ADD64_K, r4, 0, 0, i32::from(bth) + 6));
         self.jmp(JGT_X, r4, r3, 0, "redirect");
         self.i(insn(LDX_B, r5, r2, bth + 5, 0));
+        self.jmp(JEQ_K, r5, 0, 0xFF, "redirect");
         self.jmp(JNE_K, r5, 0, i32::from(prefix), "pass");
     }
     fn label(&mut self, l: &'static str) {

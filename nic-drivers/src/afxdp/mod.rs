@@ -24,6 +24,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use crate::frame::ROCE_V2_PORT;
+use crate::mcast::Memberships;
 use crate::raw_share::RawShare;
 use crate::{offload, sys};
 use crate::{NicError, PacketIo, RxSink, Stats, TxFill};
@@ -109,6 +110,8 @@ pub struct AfXdpIo {
     next_rx: usize,
     stats: Stats,
     busy_poll: bool,
+    /// Multicast groups joined on the interface (frames arrive on the ring).
+    mcast: Memberships,
     // Last: the prefix is given back once the program is gone.
     share: Option<RawShare>,
 }
@@ -247,6 +250,7 @@ impl AfXdpIo {
             CHUNK - XDP_PACKET_HEADROOM
         });
         Ok(AfXdpIo {
+            mcast: Memberships::new(ifindex, None, None),
             xsks,
             _link: link,
             _prog: prog,
@@ -462,6 +466,14 @@ impl PacketIo for AfXdpIo {
 
     fn qpn_prefix(&self) -> Option<u8> {
         self.share.as_ref().map(RawShare::prefix)
+    }
+
+    fn join_multicast(&mut self, group: std::net::IpAddr) -> Result<(), NicError> {
+        self.mcast.join(group)
+    }
+
+    fn leave_multicast(&mut self, group: std::net::IpAddr) -> Result<(), NicError> {
+        self.mcast.leave(group).map(drop)
     }
 
     fn poll_fd(&self) -> RawFd {

@@ -344,6 +344,15 @@ impl<I: PacketIo> PacketIo for FaultIo<I> {
     fn qpn_prefix(&self) -> Option<u8> {
         self.inner.qpn_prefix()
     }
+    fn join_multicast(&mut self, group: std::net::IpAddr) -> Result<(), NicError> {
+        self.inner.join_multicast(group)
+    }
+    fn leave_multicast(&mut self, group: std::net::IpAddr) -> Result<(), NicError> {
+        self.inner.leave_multicast(group)
+    }
+    fn second_poll_fd(&self) -> Option<RawFd> {
+        self.inner.second_poll_fd()
+    }
     fn stats(&self) -> Stats {
         let mut s = self.inner.stats();
         s.rx_dropped += self.dropped_by_faults;

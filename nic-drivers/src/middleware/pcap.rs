@@ -130,6 +130,12 @@ impl<I: PacketIo, W: Write + Send> PacketIo for PcapIo<I, W> {
     fn qpn_prefix(&self) -> Option<u8> {
         self.inner.qpn_prefix()
     }
+    fn join_multicast(&mut self, group: std::net::IpAddr) -> Result<(), NicError> {
+        self.inner.join_multicast(group)
+    }
+    fn leave_multicast(&mut self, group: std::net::IpAddr) -> Result<(), NicError> {
+        self.inner.leave_multicast(group)
+    }
     fn stats(&self) -> Stats {
         self.inner.stats()
     }

@@ -12,6 +12,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::net::Ipv6Addr;
 
 use rand::SeedableRng;
 use rand_xoshiro::Xoshiro256PlusPlus;
@@ -21,6 +22,7 @@ use crate::wire::{bth, icrc, ParsedPacket, Transport};
 use super::counters::{HwCounter, HwCounters};
 use super::cq::{Cq, CqHandle};
 use super::error::{ModifyError, VerbsError};
+use super::mcast::{McastTable, MULTICAST_QPN};
 use super::mr::{AccessFlags, MemoryRegion, MrTable, PdHandle};
 use super::psn;
 use super::qp::{check_modify, Qp, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType};
@@ -233,6 +235,7 @@ pub struct Core {
     stats: Stats,
     /// The receive ICRC's header state for the last flow (see [`icrc::PrefixCache`]).
     icrc_prefix: icrc::PrefixCache,
+    mcast: McastTable,
 }
 
 macro_rules! split {
@@ -268,6 +271,7 @@ impl Core {
             events: VecDeque::new(),
             stats: Stats::default(),
             icrc_prefix: icrc::PrefixCache::default(),
+            mcast: McastTable::default(),
         }
     }
 
@@ -592,6 +596,10 @@ impl Core {
 
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
         self.qp_mut(qpn)?;
+        if self.mcast.has_qp(qpn) {
+            // rxe_qp_chk_destroy / uverbs: detach first (EBUSY).
+            return Err(VerbsError::Busy("queue pair attached to a multicast group"));
+        }
         if let Some(s) = self.slot_of(qpn) {
             self.qps[s] = None;
             self.free_qps.push(s as u32);
@@ -600,6 +608,29 @@ impl Core {
             }
         }
         Ok(())
+    }
+
+    /// Attaches UD QP `qpn` to the multicast group `mgid` (ibv_attach_mcast):
+    /// packets to the multicast QPN whose IP destination is `mgid` reach it.
+    /// Joining the group on the link (IGMP/MLD, the NIC's filter) is the
+    /// engine's business.
+    pub fn attach_mcast(&mut self, qpn: u32, mgid: Ipv6Addr) -> Result<(), VerbsError> {
+        if self.qp_mut(qpn)?.qp_type != QpType::Ud {
+            // ib_attach_mcast: EINVAL for any other QP type.
+            return Err(VerbsError::Invalid("multicast needs a UD queue pair"));
+        }
+        self.mcast.attach(qpn, mgid)
+    }
+
+    /// Detaches `qpn` from `mgid` (ibv_detach_mcast).
+    pub fn detach_mcast(&mut self, qpn: u32, mgid: Ipv6Addr) -> Result<(), VerbsError> {
+        self.qp_mut(qpn)?;
+        self.mcast.detach(qpn, mgid)
+    }
+
+    /// The multicast groups `qpn` is attached to.
+    pub fn mcast_groups_of(&self, qpn: u32) -> Vec<Ipv6Addr> {
+        self.mcast.groups_of(qpn)
     }
 
     /// The QP's current attributes (ibv_query_qp); `qp_state` is the live state.
@@ -842,6 +873,10 @@ impl Core {
             self.stats.count("rx_cnp");
             return;
         }
+        if pkt.repr.bth.dest_qp == MULTICAST_QPN {
+            self.handle_multicast(now, pkt);
+            return;
+        }
         let Some(slot) = self
             .slot_of(pkt.repr.bth.dest_qp)
             .filter(|s| *s < self.qps.len())
@@ -849,6 +884,36 @@ impl Core {
             self.stats.count("rx_unknown_qp");
             return;
         };
+        self.deliver(now, slot, pkt);
+    }
+
+    /// A packet to the multicast QPN: a copy to every QP attached to the
+    /// group its IP destination names (rxe_rcv_mcast_pkt); each QP checks
+    /// it as it would a packet of its own (state, transport, P_Key, Q_Key).
+    fn handle_multicast(&mut self, now: Instant, pkt: &ParsedPacket<'_>) {
+        let mgid = pkt.repr.ip.dst_gid();
+        let n = self.mcast.members(&mgid).len();
+        if n == 0 {
+            self.stats.count("rx_mcast_unknown_group");
+            return;
+        }
+        self.stats.count("rx_mcast_packets");
+        // By index: a delivery cannot change the group (no verbs call runs in it).
+        for i in 0..n {
+            let Some(&qpn) = self.mcast.members(&mgid).get(i) else {
+                break;
+            };
+            match self.slot_of(qpn).filter(|s| *s < self.qps.len()) {
+                Some(slot) => self.deliver(now, slot, pkt),
+                None => self.stats.count("rx_unknown_qp"),
+            }
+        }
+    }
+
+    /// Hands a parsed packet to the QP in `slot` after the checks every QP
+    /// makes (rxe_recv.c check_type_state, check_keys, check_addr).
+    fn deliver(&mut self, now: Instant, slot: usize, pkt: &ParsedPacket<'_>) {
+        let info = pkt.opcode_info();
         let mut ctx = split!(self, now);
         let Some(Some(qp)) = self.qps.get_mut(slot) else {
             ctx.stats.count("rx_unknown_qp");

@@ -275,6 +275,9 @@ fn fill_device_attr(f: &FContext, a: &mut ffi::ibv_device_attr) {
     a.atomic_cap = ffi::IBV_ATOMIC_HCA;
     a.max_ah = 1 << 16;
     a.max_srq = d.max_srq as c_int;
+    a.max_mcast_grp = d.max_mcast_grp as c_int;
+    a.max_mcast_qp_attach = d.max_mcast_qp_attach as c_int;
+    a.max_total_mcast_qp_attach = d.max_total_mcast_qp_attach as c_int;
     a.max_srq_wr = d.max_qp_wr as c_int;
     a.max_srq_sge = d.max_sge as c_int;
     a.max_pkeys = 1;

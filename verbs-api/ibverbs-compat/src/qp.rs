@@ -347,6 +347,11 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
     if qp.is_null() {
         return libc::EINVAL;
     }
+    // SAFETY: live (caller).
+    if !unsafe { fqp(qp) }.qp.mcast_groups().is_empty() {
+        // uverbs / rxe_qp_chk_destroy: detach from every group first.
+        return libc::EBUSY;
+    }
     // SAFETY: allocated by leak() in create_qp_ex.
     let q = unsafe { Box::from_raw(qp as *mut FQp) };
     // SAFETY: the QP's context outlives it.
@@ -363,4 +368,47 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
         (*pd).release();
     }
     0
+}
+
+/// ibv_attach_mcast: the LID is unused on RoCE (is_valid_mcast_lid); a GID
+/// that is not a multicast group or a QP that is not UD is EINVAL.
+///
+/// # Safety
+/// `qp` is a live QP of this library, `gid` readable.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_attach_mcast(
+    qp: *mut ffi::ibv_qp,
+    gid: *const ffi::ibv_gid,
+    _lid: u16,
+) -> c_int {
+    if qp.is_null() || gid.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: live and readable (caller).
+    let (q, raw) = unsafe { (fqp(qp), (*gid).raw) };
+    match q.qp.attach_mcast(std::net::Ipv6Addr::from(raw)) {
+        Ok(()) => 0,
+        Err(e) => errno_of(&e),
+    }
+}
+
+/// ibv_detach_mcast: EINVAL for a group the QP is not attached to.
+///
+/// # Safety
+/// As [`ibv_attach_mcast`].
+#[no_mangle]
+pub unsafe extern "C" fn ibv_detach_mcast(
+    qp: *mut ffi::ibv_qp,
+    gid: *const ffi::ibv_gid,
+    _lid: u16,
+) -> c_int {
+    if qp.is_null() || gid.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: live and readable (caller).
+    let (q, raw) = unsafe { (fqp(qp), (*gid).raw) };
+    match q.qp.detach_mcast(std::net::Ipv6Addr::from(raw)) {
+        Ok(()) => 0,
+        Err(e) => errno_of(&e),
+    }
 }

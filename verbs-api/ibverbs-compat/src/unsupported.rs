@@ -45,8 +45,6 @@ macro_rules! nothing {
 
 fail_int!(
     execute_ioctl,
-    ibv_attach_mcast,
-    ibv_detach_mcast,
     ibv_query_ece,
     ibv_set_ece,
     ibv_rereg_mr,

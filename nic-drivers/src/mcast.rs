@@ -1,0 +1,375 @@
+//! IP multicast group membership for the backends.
+//!
+//! RoCE v2 multicast is IP multicast to UDP port 4791. Whatever carries the
+//! frames, the host must be a member of the group on the interface, as the
+//! kernel's rdma_cm makes it for rxe (cma_iboe_join_multicast →
+//! ip_mc_inc_group): that programs the NIC's multicast filter and answers
+//! IGMP/MLD queries, so switches that snoop forward the group to us. A
+//! membership is a UDP socket with IP_ADD_MEMBERSHIP / IPV6_ADD_MEMBERSHIP;
+//! closing it leaves the group. Raw backends (AF_PACKET, AF_XDP) see the
+//! frames on the wire and only need the membership; the UDP backend also
+//! receives through the socket, which it binds to the group and port.
+//!
+//! A backend opened inside a network namespace may be asked to join from a
+//! thread outside it: the sockets are made in the namespace the backend was
+//! opened in (kept as a file at creation).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::MetadataExt;
+
+use crate::sys;
+use crate::NicError;
+
+/// The Ethernet address an IP multicast group is sent to: 01:00:5e and the
+/// low 23 bits of an IPv4 group (RFC 1112 6.4), 33:33 and the low 32 bits of
+/// an IPv6 one (RFC 2464 7); `None` for a unicast address.
+pub fn multicast_mac(ip: IpAddr) -> Option<[u8; 6]> {
+    match ip {
+        IpAddr::V4(a) if a.is_multicast() => {
+            let o = a.octets();
+            Some([0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]])
+        }
+        IpAddr::V6(a) => match a.to_ipv4_mapped() {
+            Some(v4) => multicast_mac(IpAddr::V4(v4)),
+            None if a.is_multicast() => {
+                let o = a.octets();
+                Some([0x33, 0x33, o[12], o[13], o[14], o[15]])
+            }
+            None => None,
+        },
+        IpAddr::V4(_) => None,
+    }
+}
+
+/// The groups one backend has joined, each counted (several QPs may attach
+/// to one group; the last detach leaves it).
+#[derive(Debug)]
+pub(crate) struct Memberships {
+    /// The namespace the backend was opened in.
+    netns: Option<File>,
+    /// Interface to join on (0: the kernel picks by route).
+    ifindex: u32,
+    /// An IPv4 address of that interface, for IPv4 joins by address.
+    local_v4: Option<std::net::Ipv4Addr>,
+    /// Bind each membership socket to (group, port) so that it receives.
+    receive_port: Option<u16>,
+    groups: BTreeMap<IpAddr, Group>,
+}
+
+#[derive(Debug)]
+struct Group {
+    sock: OwnedFd,
+    /// Whether `sock` is bound to the group and receives its datagrams.
+    receives: bool,
+    refs: usize,
+}
+
+impl Memberships {
+    /// Memberships on interface `ifindex` (0: by route, or by `local` for
+    /// IPv4). With `receive_port`, each membership socket also binds the
+    /// group and port and its datagrams are the backend's to read.
+    /// Call it in the namespace the backend lives in.
+    pub(crate) fn new(ifindex: u32, local: Option<IpAddr>, receive_port: Option<u16>) -> Self {
+        let local_v4 = match local {
+            Some(IpAddr::V4(a)) if !a.is_unspecified() => Some(a),
+            Some(IpAddr::V6(a)) => a.to_ipv4_mapped(),
+            _ => None,
+        };
+        let ifindex = if ifindex == 0 {
+            local
+                .filter(|a| !a.is_unspecified())
+                .and_then(ifindex_of_addr)
+                .unwrap_or(0)
+        } else {
+            ifindex
+        };
+        Memberships {
+            netns: File::open("/proc/thread-self/ns/net").ok(),
+            ifindex,
+            local_v4,
+            receive_port,
+            groups: BTreeMap::new(),
+        }
+    }
+
+    /// Joins `group` (or counts one more user of it).
+    pub(crate) fn join(&mut self, group: IpAddr) -> Result<(), NicError> {
+        let group = unmapped(group);
+        if !group.is_multicast() {
+            return Err(NicError::Config(format!(
+                "{group} is not a multicast group"
+            )));
+        }
+        if let Some(g) = self.groups.get_mut(&group) {
+            g.refs += 1;
+            return Ok(());
+        }
+        let (ifindex, local_v4, port) = (self.ifindex, self.local_v4, self.receive_port);
+        let open = move || membership_socket(group, ifindex, local_v4, port);
+        let (sock, receives) = match &self.netns {
+            Some(ns) if !same_netns(ns) => in_netns(ns, open)?,
+            _ => open()?,
+        };
+        self.groups.insert(
+            group,
+            Group {
+                sock,
+                receives,
+                refs: 1,
+            },
+        );
+        Ok(())
+    }
+
+    /// Leaves `group` once its last user has (an error if it was not
+    /// joined), handing back the socket that held the membership then.
+    pub(crate) fn leave(&mut self, group: IpAddr) -> Result<Option<OwnedFd>, NicError> {
+        let group = unmapped(group);
+        let Some(g) = self.groups.get_mut(&group) else {
+            return Err(NicError::Config(format!("group {group} was not joined")));
+        };
+        g.refs -= 1;
+        if g.refs > 0 {
+            return Ok(None);
+        }
+        let g = self.groups.remove(&group);
+        Ok(g.map(|g| g.sock))
+    }
+
+    /// The receiving socket of `group` (with a receive port, and when the
+    /// bind succeeded).
+    pub(crate) fn receive_fd(&self, group: IpAddr) -> Option<RawFd> {
+        self.groups
+            .get(&unmapped(group))
+            .filter(|g| g.receives)
+            .map(|g| g.sock.as_raw_fd())
+    }
+}
+
+fn unmapped(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(a) => a.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Whether the calling thread is in the namespace `ns`.
+fn same_netns(ns: &File) -> bool {
+    let here = std::fs::metadata("/proc/thread-self/ns/net");
+    match (ns.metadata(), here) {
+        (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+        _ => true,
+    }
+}
+
+/// Runs `f` on a scoped thread that entered namespace `ns` first.
+fn in_netns<R: Send>(
+    ns: &File,
+    f: impl FnOnce() -> Result<R, NicError> + Send,
+) -> Result<R, NicError> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: ns is an open netns file; setns changes only this
+            // thread's namespace, and the thread ends with the scope.
+            let r = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+            sys::cvt(r, "setns")?;
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| {
+            Err(NicError::Unsupported(
+                "multicast join thread panicked".into(),
+            ))
+        })
+    })
+}
+
+/// A UDP socket that is a member of `group` on the interface, bound to
+/// (group, port) when `port` is given and that bind succeeds (a wildcard
+/// socket on the port, e.g. a dual-stack UDP device on `[::]`, receives
+/// the group's datagrams itself, and the bind then fails: membership only).
+fn membership_socket(
+    group: IpAddr,
+    ifindex: u32,
+    local_v4: Option<std::net::Ipv4Addr>,
+    port: Option<u16>,
+) -> Result<(OwnedFd, bool), NicError> {
+    let v6 = group.is_ipv6();
+    let domain = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+    // SAFETY: plain syscall with valid constants.
+    let fd = unsafe {
+        libc::socket(
+            domain,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    let sock = sys::owned(fd, "socket(UDP, multicast)")?;
+    let raw = sock.as_raw_fd();
+    let one: libc::c_int = 1;
+    let mut receives = false;
+    if let Some(port) = port {
+        // Other processes' devices on this host may join the same group
+        // (each gets a copy, as each rxe QP would).
+        sys::setsockopt(
+            raw,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            &one,
+            "SO_REUSEADDR",
+        )?;
+        if v6 {
+            sys::setsockopt(
+                raw,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_V6ONLY,
+                &one,
+                "IPV6_V6ONLY",
+            )?;
+            for (opt, what) in [
+                (libc::IPV6_RECVPKTINFO, "IPV6_RECVPKTINFO"),
+                (libc::IPV6_RECVTCLASS, "IPV6_RECVTCLASS"),
+                (libc::IPV6_RECVHOPLIMIT, "IPV6_RECVHOPLIMIT"),
+            ] {
+                sys::setsockopt(raw, libc::IPPROTO_IPV6, opt, &one, what)?;
+            }
+        } else {
+            for (opt, what) in [
+                (libc::IP_PKTINFO, "IP_PKTINFO"),
+                (libc::IP_RECVTOS, "IP_RECVTOS"),
+                (libc::IP_RECVTTL, "IP_RECVTTL"),
+            ] {
+                sys::setsockopt(raw, libc::IPPROTO_IP, opt, &one, what)?;
+            }
+        }
+        let (ss, len) = crate::udp::to_sockaddr(&SocketAddr::new(group, port));
+        // SAFETY: ss holds a valid sockaddr of `len` bytes.
+        let r = unsafe { libc::bind(raw, (&ss as *const libc::sockaddr_storage).cast(), len) };
+        match sys::cvt(r, "bind multicast group") {
+            Ok(_) => receives = true,
+            Err(NicError::Sys { source, .. })
+                if source.raw_os_error() == Some(libc::EADDRINUSE) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    match group {
+        IpAddr::V4(g) => {
+            let mreq = libc::ip_mreqn {
+                imr_multiaddr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(g.octets()),
+                },
+                imr_address: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(local_v4.map_or([0; 4], |a| a.octets())),
+                },
+                imr_ifindex: ifindex as libc::c_int,
+            };
+            sys::setsockopt(
+                raw,
+                libc::IPPROTO_IP,
+                libc::IP_ADD_MEMBERSHIP,
+                &mreq,
+                &format!("IP_ADD_MEMBERSHIP {g}"),
+            )?;
+            // Only this group's datagrams on this socket (the default
+            // would hand it every group the host joined, to its port).
+            let zero: libc::c_int = 0;
+            let _ = sys::setsockopt(raw, libc::IPPROTO_IP, libc::IP_MULTICAST_ALL, &zero, "");
+        }
+        IpAddr::V6(g) => {
+            let mreq = libc::ipv6_mreq {
+                ipv6mr_multiaddr: libc::in6_addr {
+                    s6_addr: g.octets(),
+                },
+                ipv6mr_interface: ifindex,
+            };
+            sys::setsockopt(
+                raw,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_ADD_MEMBERSHIP,
+                &mreq,
+                &format!("IPV6_ADD_MEMBERSHIP {g}"),
+            )?;
+        }
+    }
+    Ok((sock, receives))
+}
+
+/// The index of the interface that has address `ip` (in the calling
+/// thread's namespace).
+pub(crate) fn ifindex_of_addr(ip: IpAddr) -> Option<u32> {
+    let ip = unmapped(ip);
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills head with a list we free below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut p = head;
+    while !p.is_null() && found.is_none() {
+        // SAFETY: p is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*p };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: ifa_addr points to a sockaddr of its family's size;
+            // sockaddr_storage is read only as far as that family's struct.
+            let addr = unsafe {
+                let mut ss: libc::sockaddr_storage = std::mem::zeroed();
+                let n = match i32::from((*ifa.ifa_addr).sa_family) {
+                    libc::AF_INET => std::mem::size_of::<libc::sockaddr_in>(),
+                    libc::AF_INET6 => std::mem::size_of::<libc::sockaddr_in6>(),
+                    _ => 0,
+                };
+                std::ptr::copy_nonoverlapping(
+                    ifa.ifa_addr.cast::<u8>(),
+                    (&mut ss as *mut libc::sockaddr_storage).cast::<u8>(),
+                    n,
+                );
+                (n > 0).then(|| crate::udp::from_sockaddr(&ss)).flatten()
+            };
+            if addr.map(|a| a.ip()) == Some(ip) {
+                // SAFETY: ifa_name is a NUL-terminated string of the list.
+                let idx = unsafe { libc::if_nametoindex(ifa.ifa_name) };
+                found = (idx != 0).then_some(idx);
+            }
+        }
+        p = ifa.ifa_next;
+    }
+    // SAFETY: head came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multicast_macs() {
+        let m = |s: &str| multicast_mac(s.parse().unwrap());
+        assert_eq!(m("239.129.2.3"), Some([0x01, 0x00, 0x5e, 0x01, 0x02, 0x03]));
+        assert_eq!(
+            m("::ffff:224.0.0.251"),
+            Some([0x01, 0x00, 0x5e, 0, 0, 0xfb])
+        );
+        assert_eq!(m("ff0e::1:2:3:4"), Some([0x33, 0x33, 0, 3, 0, 4]));
+        assert_eq!(m("198.18.0.1"), None);
+        assert_eq!(m("fd00::1"), None);
+    }
+
+    #[test]
+    fn loopback_has_an_index_and_joins_a_group() {
+        let lo = ifindex_of_addr("127.0.0.1".parse().unwrap());
+        assert!(lo.is_some());
+        let mut m = Memberships::new(0, Some("127.0.0.1".parse().unwrap()), None);
+        let g: IpAddr = "239.255.7.1".parse().unwrap();
+        m.join(g).unwrap();
+        m.join(g).unwrap();
+        assert!(m.join("198.18.0.1".parse().unwrap()).is_err());
+        assert!(m.leave(g).unwrap().is_none());
+        assert!(m.leave(g).unwrap().is_some());
+        assert!(m.leave(g).is_err());
+        assert!(m.groups.is_empty());
+    }
+}
