@@ -19,6 +19,7 @@ pub mod engine;
 pub mod error;
 pub mod exchange;
 pub mod mr;
+pub mod multicast;
 pub mod pd;
 pub mod perf;
 pub mod qp;

@@ -187,3 +187,65 @@ fn bench_rdma_cm_between_namespaces() {
         }
     }
 }
+
+/// `ferroce mckey`: two receiving hosts of three on a bridge, each with two
+/// UD QPs joined to one group; the third sends to it, and every receiving QP
+/// gets every message. The bridge's IGMP snooping forwards the group only
+/// to ports whose host joined it.
+#[test]
+fn mckey_between_namespaces() {
+    if !ferroce_nic::is_root() {
+        eprintln!("mckey_between_namespaces: skipped (needs root for network namespaces)");
+        return;
+    }
+    let topo = Topology::up(&TopologyConfig {
+        hosts: 3,
+        bridge: true,
+        ..TopologyConfig::default()
+    })
+    .unwrap();
+    for (backend, group, send_only) in [
+        ("udp", "239.7.0.1", false),
+        ("afpacket", "239.7.0.2", true),
+        ("afxdp", "239.7.0.3", false),
+    ] {
+        let dev = ["-d", "veth0", "--backend", backend, "--timeout", "20"];
+        let mut receiver = vec!["mckey", "-m", group, "-c", "2", "-C", "6", "-S", "4000"];
+        receiver.extend(dev);
+        let receivers: Vec<_> = (0..2)
+            .map(|h| {
+                ferroce(&topo, h, &receiver)
+                    .spawn()
+                    .expect("spawn receiver")
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(700));
+        let mut sender = vec!["mckey", "-s", "-m", group, "-C", "6", "-S", "4000"];
+        if send_only {
+            sender.push("-o");
+        }
+        sender.extend(dev);
+        let s = ferroce(&topo, 2, &sender).output().expect("run sender");
+        let t = text(&s);
+        assert!(
+            s.status.success() && t.contains("initiating data transfers"),
+            "{backend} sender: {t}"
+        );
+        assert!(
+            t.contains(&format!("mckey: joined dgid: ::ffff:{group} mlid 0x0 sl 0")),
+            "{t}"
+        );
+        for (h, r) in receivers.into_iter().enumerate() {
+            let r = r.wait_with_output().expect("receiver");
+            let t = text(&r);
+            assert!(
+                r.status.success()
+                    && t.contains("receiving data transfers")
+                    && t.contains("data transfers complete")
+                    && t.contains("return status 0"),
+                "{backend} receiver on host {h}: {t}"
+            );
+            assert_eq!(t.matches("mckey: joined dgid").count(), 2, "{t}");
+        }
+    }
+}

@@ -10,6 +10,7 @@ mod bench;
 mod common;
 mod demo;
 mod devices;
+mod mckey;
 mod pingpong;
 mod rdma_cm;
 mod rping;
@@ -70,6 +71,10 @@ enum Command {
     /// over QP1 (port 7471); the server sends `-C` messages of `-S` bytes,
     /// the client sends as many back, the server disconnects.
     Ucmatose(ucmatose::Args),
+    /// librdmacm's mckey: UD multicast. Each side joins `-c` UD QPs to the
+    /// group `-m`; the sender (`-s`) sends `-C` messages of `-S` bytes from
+    /// each to the group, the receiver waits for them.
+    Mckey(mckey::Args),
     /// List usable interfaces, their backends, MTU and GID table (like ibv_devinfo).
     Devices {
         /// Also list interfaces that are down or have no usable backend.
@@ -126,6 +131,7 @@ fn main() -> ExitCode {
         Command::Rping(a) => ExitCode::from(rping::run(a) as u8),
         Command::Udaddy(a) => ExitCode::from(udaddy::run(a) as u8),
         Command::Ucmatose(a) => ExitCode::from(ucmatose::run(a) as u8),
+        Command::Mckey(a) => ExitCode::from(mckey::run(a) as u8),
         Command::Devices { stats: true, all } => ExitCode::from(devices::stats(all) as u8),
         Command::Devices { all, .. } => ExitCode::from(devices::run(all) as u8),
         Command::Demo { backend } => ExitCode::from(demo::run(backend) as u8),
