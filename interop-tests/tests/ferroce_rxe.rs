@@ -1075,6 +1075,10 @@ struct RoceFrame {
     hop_limit: u8,
     /// The BTH's opcode.
     opcode: u8,
+    /// Destination IP address and MAC, and the BTH's destination QP.
+    dst: Vec<u8>,
+    dst_mac: Vec<u8>,
+    dest_qp: u32,
 }
 
 /// Every RoCE v2 frame in a capture, IPv4 (without options) or IPv6.
@@ -1089,24 +1093,50 @@ fn roce_frames(pcap: &Path) -> Result<Vec<RoceFrame>, String> {
             // IPv4 without options: TOS at 1, TTL at 8, protocol at 9, source at 12; the BTH
             // after the UDP header.
             Some([0x08, 0x00]) if field(14) == Some(0x45) && field(23) == Some(17) => {
-                (d.get(36..38) == Some(&[0x12, 0xb7][..]))
-                    .then(|| (d.get(26..30), field(15), field(22), field(42)))
+                (d.get(36..38) == Some(&[0x12, 0xb7][..])).then(|| {
+                    (
+                        d.get(26..30),
+                        field(15),
+                        field(22),
+                        field(42),
+                        d.get(30..34),
+                        d.get(47..50),
+                    )
+                })
             }
             // IPv6: traffic class across bytes 0-1, next header at 6, hop limit at 7.
             Some([0x86, 0xdd]) if field(20) == Some(17) => {
                 (d.get(56..58) == Some(&[0x12, 0xb7][..])).then(|| {
                     let tc = field(14).zip(field(15)).map(|(a, b)| (a << 4) | (b >> 4));
-                    (d.get(22..38), tc, field(21), field(62))
+                    (
+                        d.get(22..38),
+                        tc,
+                        field(21),
+                        field(62),
+                        d.get(38..54),
+                        d.get(67..70),
+                    )
                 })
             }
             _ => None,
         };
-        if let Some((Some(src), Some(tclass), Some(hop_limit), Some(opcode))) = fields {
+        if let Some((
+            Some(src),
+            Some(tclass),
+            Some(hop_limit),
+            Some(opcode),
+            Some(dst),
+            Some(&[q0, q1, q2]),
+        )) = fields
+        {
             v.push(RoceFrame {
                 src: src.to_vec(),
                 tclass,
                 hop_limit,
                 opcode,
+                dst: dst.to_vec(),
+                dst_mac: d.get(..6).unwrap_or_default().to_vec(),
+                dest_qp: u32::from_be_bytes([0, q0, q1, q2]),
             });
         }
     }
@@ -1138,6 +1168,48 @@ fn messages_tos(pcap: &Path, opcode: u8) -> Result<String, String> {
         None => Ok(format!(
             "all {} of opcode {opcode:#04x}, both ways: TOS {TCLASS}",
             msgs.len()
+        )),
+    }
+}
+
+/// The group `mckey` uses in a case: one per direction, so a late frame of one case cannot
+/// count in the other.
+fn mckey_group(ferroce_receives: bool) -> &'static str {
+    if ferroce_receives {
+        "239.8.0.1"
+    } else {
+        "239.8.0.2"
+    }
+}
+
+/// The sender's `count` messages in the capture went to the group as rdma_cm sends them on
+/// RoCE v2: to the group's address and its IPv4 multicast MAC, BTH destination QP 0xFFFFFF (the
+/// multicast QPN), TTL 64 (the join's hop limit).
+fn multicast_messages(pcap: &Path, group: &str, count: usize) -> Result<String, String> {
+    let g: std::net::Ipv4Addr = group.parse().map_err(|e| format!("{group}: {e}"))?;
+    let o = g.octets();
+    let mac = [0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]];
+    let msgs: Vec<RoceFrame> = roce_frames(pcap)?
+        .into_iter()
+        .filter(|f| f.opcode == 0x65)
+        .collect();
+    if msgs.len() != count {
+        return Err(format!(
+            "{} UD SENDs WITH IMM in the capture, expected {count}",
+            msgs.len()
+        ));
+    }
+    match msgs
+        .iter()
+        .find(|f| f.dst != o || f.dst_mac != mac || f.dest_qp != 0xFF_FFFF || f.hop_limit != 64)
+    {
+        Some(f) => Err(format!(
+            "a message to {:?} (MAC {:02x?}), QP {:#x}, TTL {}: expected {group}, {mac:02x?}, \
+             0xffffff, 64",
+            f.dst, f.dst_mac, f.dest_qp, f.hop_limit
+        )),
+        None => Ok(format!(
+            "all {count} messages to {group} (MAC {mac:02x?}), QP 0xffffff, TTL 64"
         )),
     }
 }
@@ -2017,8 +2089,8 @@ fn bad_rkey_interop() {
 /// librdmacm's `rdma_server` / `rdma_client` examples and `rping` in the VM against `ferroce
 /// rdma-client` / `rdma-server` / `rping` on the host: the kernel's CM and ferroce's exchange
 /// REQ, REP and RTU over QP1, data moves over the RC connection, then DREQ / DREP; and `udaddy`
-/// against `ferroce udaddy`: SIDR_REQ / SIDR_REP name a UD QP, messages go both ways. Both tools
-/// must succeed, and the capture must hold the whole exchange with good ICRCs.
+/// against `ferroce udaddy`: SIDR_REQ / SIDR_REP name a UD QP, messages go both ways; `mckey`
+/// against `ferroce mckey`: UD multicast to a group both joined. Both tools must succeed, and the capture must hold the whole exchange with good ICRCs.
 #[test]
 fn rdma_cm_interop() {
     let Some(env) = env_or_skip("rdma_cm_interop") else {
@@ -2030,6 +2102,7 @@ fn rdma_cm_interop() {
         CmTool::Rping,
         CmTool::Udaddy,
         CmTool::Ucmatose,
+        CmTool::Mckey,
     ] {
         for ferroce_serves in [false, true] {
             rows.push(rdma_cm_case(&env, tool, ferroce_serves));
@@ -2053,9 +2126,14 @@ fn rdma_cm_interop() {
          and every message both ways carries TOS 106. `ucmatose -c 2 -C 5 -S 2000` (port 7471): \
          two RC connections (the client's `-t 106` in its REQs), the server SENDs 5 messages \
          on each, the client 5 back, the server disconnects (DREQ / DREP); pass: both print \
-         `return status 0` and every SEND and CM MAD both ways carries TOS 106. In every case the \
-         capture must hold the CM MADs (UD SEND 0x64 to QP1) and the data traffic, each frame \
-         with a good ICRC.",
+         `return status 0` and every SEND and CM MAD both ways carries TOS 106. `mckey` (UD \
+         multicast, rdma_cm's join: no MAD on RoCE, an IGMP join and the QP attached to the \
+         group's IPv4-mapped MGID): the receiving side joins 2 QPs to the group, the sender \
+         (`-s`) sends 5 UD SENDs WITH IMMEDIATE of 1000 B to it; pass: both print `return \
+         status 0` (the ferroce receiver checks every message on each QP) and the 5 messages \
+         go to the group's address and MAC with BTH destination QP 0xFFFFFF and TTL 64. In \
+         every case the capture must hold the data traffic and, but for mckey, the CM MADs \
+         (UD SEND 0x64 to QP1), each frame with a good ICRC.",
         &rows,
     );
 }
@@ -2071,6 +2149,8 @@ enum CmTool {
     Udaddy,
     /// `ucmatose` / `ucmatose -s`.
     Ucmatose,
+    /// `mckey` (receives) / `mckey -s` (sends).
+    Mckey,
 }
 
 fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
@@ -2160,12 +2240,31 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
             // The CM MADs, SENDs both ways and their ACKs.
             &[0x64, 0x04, 0x11],
         ),
+        // The receiver ("server") joins two QPs to the group, the sender one; rdma_cm needs
+        // the VM's source address to route a group (it has no default route).
+        CmTool::Mckey => {
+            let group = mckey_group(ferroce_serves);
+            let vm_ip = env.vm().ip().to_string();
+            (
+                "cm-mckey",
+                format!("mckey -m {group} -b {vm_ip} -c 2 -C 5 -S 1000"),
+                format!("mckey -s -m {group} -b {vm_ip} -C 5 -S 1000"),
+                ["mckey", "-m", group, "-c", "2", "-C", "5", "-S", "1000"]
+                    .map(String::from)
+                    .to_vec(),
+                ["mckey", "-s", "-m", group, "-C", "5", "-S", "1000"]
+                    .map(String::from)
+                    .to_vec(),
+                // UD SENDs WITH IMMEDIATE; no MAD: a RoCE join is local.
+                &[0x65],
+            )
+        }
     };
     let tag = format!("{tag}-{}", if ferroce_serves { "server" } else { "client" });
     let pcap = env.dir.join(format!("{tag}.pcap"));
     let vm = env.vm();
     let dev = match tool {
-        CmTool::Examples | CmTool::Udaddy | CmTool::Ucmatose => "-d",
+        CmTool::Examples | CmTool::Udaddy | CmTool::Ucmatose | CmTool::Mckey => "-d",
         CmTool::Rping => "--ib-dev",
     };
     let base = [
@@ -2252,6 +2351,14 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
                 CmTool::Udaddy => {
                     out.contains("data transfers complete") && out.contains("return status 0")
                 }
+                CmTool::Mckey => {
+                    out.contains("data transfers complete")
+                        && out.contains("return status 0")
+                        && out.contains(&format!(
+                            "mckey: joined dgid: ::ffff:{} mlid 0x0 sl 0",
+                            mckey_group(ferroce_serves)
+                        ))
+                }
                 CmTool::Ucmatose => {
                     out.contains("data transfers complete")
                         && out.contains("return status 0")
@@ -2282,8 +2389,14 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
             let tos_of: &[u8] = match tool {
                 CmTool::Udaddy => &[0x65],
                 CmTool::Ucmatose => &[0x04, 0x64],
-                CmTool::Examples | CmTool::Rping => &[],
+                CmTool::Examples | CmTool::Rping | CmTool::Mckey => &[],
             };
+            if let CmTool::Mckey = tool {
+                match multicast_messages(&pcap, mckey_group(ferroce_serves), 5) {
+                    Ok(seen) => note = format!("{seen}; {note}"),
+                    Err(e) => problems.push(e),
+                }
+            }
             for &op in tos_of {
                 match messages_tos(&pcap, op) {
                     Ok(seen) => note = format!("{seen}; {note}"),
@@ -2313,6 +2426,15 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
             "rdma_cm connect ×2, 5 SENDs of 2000 B each way per connection, client -t 106, \
              server disconnects",
             "port 7471",
+        ),
+        CmTool::Mckey => (
+            format!(
+                "mckey{} (librdmacm)",
+                if ferroce_serves { " -s" } else { "" }
+            ),
+            "multicast join (2 UD QPs on the receiving side), 5 UD SENDs WITH IMM of 1000 B \
+             to the group, each QP gets all",
+            "UDP port space, group 239.8.0.x",
         ),
         CmTool::Udaddy => (
             format!(
