@@ -196,6 +196,13 @@ fn build() -> (Network, [Node; 2]) {
         )
         .expect("connect");
     }
+    // Each UD QP hears a multicast group too, so frames to the multicast
+    // QPN and that group reach the fan-out (rxe_rcv_mcast_pkt's path).
+    for (n, node) in nodes.iter().enumerate() {
+        net.cores[n]
+            .attach_mcast(node.qps[2], FUZZ_MGID)
+            .expect("attach_mcast");
+    }
     for (n, node) in nodes.iter().enumerate() {
         let attr = QpAttr {
             qp_state: QpState::Init,
@@ -216,6 +223,10 @@ fn build() -> (Network, [Node; 2]) {
     let [a, b]: [Node; 2] = nodes.try_into().expect("two nodes");
     (net, [a, b])
 }
+
+/// The multicast group both nodes' UD QPs are attached to (239.0.0.1).
+const FUZZ_MGID: std::net::Ipv6Addr =
+    std::net::Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0xef00, 0x0001);
 
 /// A posted work request the harness expects to complete at most once.
 #[derive(Debug, Clone, Copy)]

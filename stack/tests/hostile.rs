@@ -618,12 +618,14 @@ fn request_for_a_qp_not_ready_or_missing_is_dropped() {
         r.inject(&f);
     }
     assert_eq!(r.stats().get("rx_request_bad_state"), 2);
-    // No such QP: above every QPN in use, below the first, and 2^24 - 1.
+    // No such QP: above every QPN in use, below the first; and 2^24 - 1, the multicast QPN,
+    // whose group (the frame's IP destination) nobody here joined (rxe_rcv_mcast_pkt).
     for dest in [r.qp + 100, 1, 0xff_ffff] {
         let f = r.frame_to(dest, Opcode::RC_RDMA_WRITE_ONLY, EPSN, ext, &[5; 32]);
         r.inject(&f);
     }
-    assert_eq!(r.stats().get("rx_unknown_qp"), 3);
+    assert_eq!(r.stats().get("rx_unknown_qp"), 2);
+    assert_eq!(r.stats().get("rx_mcast_unknown_group"), 1);
     assert!(r.answers().is_empty(), "silently dropped (rxe hdr_check)");
     assert_eq!(r.victim().qp_state(reset), Some(QpState::Reset));
     assert_eq!(r.victim().qp_state(in_init), Some(QpState::Init));

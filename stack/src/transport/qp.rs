@@ -148,6 +148,16 @@ pub fn udp_sport(flow_label: u32) -> u16 {
     ((low ^ (high >> 14)) as u16 & 0x3fff) | 0xc000
 }
 
+/// The UDP source port of a UD QP's packets: fixed per QP, from its number
+/// (rxe_qp_init_req: 0xC000 + hash_32(qpn, 14), hash_32 being the
+/// multiplication by GOLDEN_RATIO_32 of include/linux/hash.h). rxe sets a
+/// connected QP's from the flow label instead (`udp_sport`), when it gets
+/// its address vector.
+pub fn ud_udp_sport(qpn: u32) -> u16 {
+    let hash = qpn.wrapping_mul(0x61C8_8647) >> (32 - 14);
+    0xc000 | (hash & 0x3fff) as u16
+}
+
 impl Path {
     /// A frame template for this path (BTH and extension headers filled per packet).
     pub fn packet_template(&self, lqpn: u32, rqpn: u32) -> PacketRepr {
@@ -696,6 +706,14 @@ mod tests {
         }
         let expected = include_str!("qp_transitions.snap");
         assert_eq!(out, expected, "transition table changed:\n{out}");
+    }
+
+    #[test]
+    fn ud_sport_is_rxes_hash_of_the_qpn() {
+        // hash_32(qpn, 14) = (qpn * 0x61C88647 mod 2^32) >> 18, worked by hand for QPN 0x11:
+        // 0x11 * 0x61C88647 = 0x6_7E50_EAB7 → 0x7E50EAB7 >> 18 = 0x1F94.
+        assert_eq!(ud_udp_sport(0x11), 0xc000 | 0x1f94);
+        assert!((0..1000).all(|q| ud_udp_sport(q) >= 0xc000));
     }
 
     #[test]

@@ -158,7 +158,13 @@ impl Qp {
             (w.op, w.len, w.sent, w.flags, w.ud)
         };
         let mut repr: PacketRepr = match ud {
-            Some(d) if self.qp_type == QpType::Ud => d.path.packet_template(self.qpn, d.remote_qpn),
+            Some(d) if self.qp_type == QpType::Ud => {
+                let mut r = d.path.packet_template(self.qpn, d.remote_qpn);
+                if d.path.udp_sport.is_none() {
+                    r.udp_src_port = super::qp::ud_udp_sport(self.qpn);
+                }
+                r
+            }
             _ => self.hdr,
         };
         // The PSN follows from the WQE and the offset, so header and data

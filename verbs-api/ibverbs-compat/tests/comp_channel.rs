@@ -4,7 +4,8 @@
 //! that CQ. The library is called in-process (its Rust functions are the C
 //! entry points) from two network-namespace hosts exchanging a UD message.
 //! Also: `ibv_create_cq_ex` with the extended polling API, and the SRQ
-//! limit event through `ibv_get_async_event`. Needs root; skips without it.
+//! limit event through `ibv_get_async_event`, and multicast attach / detach.
+//! Needs root; skips without it.
 
 mod common;
 
@@ -344,4 +345,54 @@ fn srq_limit_async_event() {
         assert_eq!(ev.element.srq as usize, b.srq);
         misc::ibv_ack_async_event(&mut ev);
     }
+}
+
+/// `ibv_attach_mcast` / `ibv_detach_mcast` answer as rdma-core over rxe does:
+/// 0 for a UD QP and a multicast GID (twice is once), EINVAL for a unicast
+/// GID or a group the QP is not in, EBUSY from `ibv_destroy_qp` while the QP
+/// is in a group; `ibv_query_device` reports rxe's multicast limits.
+#[test]
+fn multicast_attach_and_detach() {
+    if !common::can_run("multicast_attach_and_detach", &[]) {
+        return;
+    }
+    let topo = common::topology("mcast");
+    std::env::set_var("FERROCE_DEVICE", &topo.host(0).ifname);
+    std::env::set_var("FERROCE_BACKEND", common::backend());
+    topo.run_in(0, || {
+        // SAFETY: the library's C entry points, called as a C program would.
+        unsafe {
+            let s = open_side(false, false);
+            let q = s.qp as *mut ffi::ibv_qp;
+            let group = ffi::ibv_gid {
+                raw: std::net::Ipv4Addr::new(239, 1, 1, 1)
+                    .to_ipv6_mapped()
+                    .octets(),
+            };
+            let unicast = ffi::ibv_gid {
+                raw: std::net::Ipv4Addr::new(198, 18, 0, 1)
+                    .to_ipv6_mapped()
+                    .octets(),
+            };
+            assert_eq!(qp::ibv_attach_mcast(q, &group, 0), 0);
+            assert_eq!(qp::ibv_attach_mcast(q, &group, 0), 0);
+            assert_eq!(qp::ibv_attach_mcast(q, &unicast, 0), libc::EINVAL);
+            assert_eq!(qp::ibv_destroy_qp(q), libc::EBUSY);
+            assert_eq!(qp::ibv_detach_mcast(q, &group, 0), 0);
+            assert_eq!(qp::ibv_detach_mcast(q, &group, 0), libc::EINVAL);
+            let mut attr = ffi::ibv_device_attr::default();
+            let ctx = s.ctx as *mut ffi::ibv_context;
+            assert_eq!(devices::ibv_query_device(ctx, &mut attr), 0);
+            assert_eq!(
+                (
+                    attr.max_mcast_grp,
+                    attr.max_mcast_qp_attach,
+                    attr.max_total_mcast_qp_attach
+                ),
+                (8192, 56, 0x70000)
+            );
+            assert_eq!(qp::ibv_destroy_qp(q), 0);
+        }
+    })
+    .unwrap();
 }
