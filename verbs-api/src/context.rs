@@ -212,6 +212,9 @@ impl Context {
         if let Some(p) = io.qpn_prefix() {
             c.set_qpn_prefix(p);
         }
+        // The kernel loops a UDP socket's multicast sends back to the host's
+        // members itself (IP_MULTICAST_LOOP); raw frames come back to nobody.
+        c.mcast_loopback = io.kind() != "udp";
         let attr = DeviceAttr {
             max_qp: c.max_qp,
             max_qp_wr: c.max_qp_wr,

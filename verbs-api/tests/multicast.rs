@@ -173,3 +173,56 @@ fn attach_refuses_what_rxe_refuses() {
     let ud = ud_ready(&ca, &pd, &cq, QKEY);
     ud.attach_mcast(mgid).unwrap();
 }
+
+/// rxe hands a group's packets to the sending host's attached QPs too (the
+/// kernel's IP loopback), the sender's own QP included; over a raw (here:
+/// in-memory) port ferroce's core does the same.
+#[test]
+fn a_send_to_a_group_loops_back_to_this_devices_members() {
+    let (ca, _cb) = pair();
+    let pd = ca.alloc_pd();
+    let cq = ca.create_cq(64).unwrap();
+    let sender = ud_ready(&ca, &pd, &cq, QKEY);
+    let member = ud_ready(&ca, &pd, &cq, QKEY);
+    let outsider = ud_ready(&ca, &pd, &cq, QKEY);
+    let mgid = Ipv4Addr::new(239, 3, 3, 3).to_ipv6_mapped();
+    sender.attach_mcast(mgid).unwrap();
+    member.attach_mcast(mgid).unwrap();
+    let mr = pd.reg_mr(1 << 14, AccessFlags::LOCAL_WRITE).unwrap();
+    mr.write(8192, &[7u8; 3000]).unwrap();
+    for (i, q) in [&sender, &member, &outsider].into_iter().enumerate() {
+        let sge = [mr.sge(i as u64 * 2048, 40 + 1024)];
+        q.post_recv(&[RecvWr {
+            wr_id: 100 + i as u64,
+            sg_list: &sge,
+        }])
+        .unwrap();
+    }
+    let sge = [mr.sge(8192, 1000)];
+    let mut wr = SendWr::new(1, SendOp::Send, &sge);
+    wr.flags.signaled = true;
+    wr.ud = Some(ferroce_verbs::UdDest {
+        path: ca.resolve_path(0, mgid).unwrap(),
+        remote_qpn: MULTICAST_QPN,
+        remote_qkey: QKEY,
+    });
+    sender.post_send(&[wr]).unwrap();
+    let mut wcs = cq.poll_n(3, T).unwrap();
+    wcs.sort_by_key(|w| w.wr_id);
+    let got: Vec<(u64, WcStatus, u32)> = wcs
+        .iter()
+        .map(|w| (w.wr_id, w.status, w.byte_len))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, WcStatus::Success, 1000),
+            (100, WcStatus::Success, 1040),
+            (101, WcStatus::Success, 1040)
+        ]
+    );
+    let mut data = [0u8; 1000];
+    mr.read(2048 + 40, &mut data).unwrap();
+    assert!(data.iter().all(|&b| b == 7));
+    assert!(cq.poll_n(1, QUIET).is_err(), "the outsider hears nothing");
+}

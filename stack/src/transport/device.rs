@@ -69,6 +69,11 @@ pub struct Config {
     /// sharing one UDP port (`ferroce_nic::port_share`) are told apart by it:
     /// each then has the 65519 QPNs `prefix << 16 | 0x11` to `prefix << 16 | 0xFFFF`.
     pub qpn_prefix: Option<u8>,
+    /// A UD packet this core sends to a multicast group also reaches the
+    /// QPs of this core attached to it, the sender's own included, as rxe
+    /// does through the kernel's IP loopback. Off where the packet engine
+    /// loops the group's packets back itself (the UDP socket backend).
+    pub mcast_loopback: bool,
 }
 
 impl Config {
@@ -99,6 +104,7 @@ impl Default for Config {
             ack_delay: None,
             ack_coalesce: 4,
             qpn_prefix: None,
+            mcast_loopback: true,
         }
     }
 }
@@ -236,6 +242,9 @@ pub struct Core {
     /// The receive ICRC's header state for the last flow (see [`icrc::PrefixCache`]).
     icrc_prefix: icrc::PrefixCache,
     mcast: McastTable,
+    /// Multicast frames this core sent, to hand to its own attached QPs
+    /// ([`Config::mcast_loopback`]) on the next transmit call.
+    mcast_looped: VecDeque<Vec<u8>>,
 }
 
 macro_rules! split {
@@ -272,6 +281,7 @@ impl Core {
             stats: Stats::default(),
             icrc_prefix: icrc::PrefixCache::default(),
             mcast: McastTable::default(),
+            mcast_looped: VecDeque::new(),
         }
     }
 
@@ -989,6 +999,9 @@ impl Core {
     }
 
     fn transmit_next(&mut self, now: Instant, buf: &mut [u8], split: bool) -> Option<TxSplit> {
+        while let Some(f) = self.mcast_looped.pop_front() {
+            self.handle_frame(now, &f);
+        }
         while let Some(slot) = self.ready.pop_front() {
             let slot = slot as usize;
             let mut ctx = split!(self, now);
@@ -1032,12 +1045,42 @@ impl Core {
                 qp.scheduled = true;
                 self.ready.push_back(slot as u32);
             }
+            let ud = qp.qp_type == QpType::Ud;
             self.sync_timer(slot);
-            if out.is_some() {
+            if let Some(s) = out {
+                if ud && self.cfg.mcast_loopback && self.mcast.group_count() > 0 {
+                    self.loop_back_multicast(buf, &s);
+                }
                 return out;
             }
         }
         None
+    }
+
+    /// Keeps a copy of a UD frame just written if it goes to a group this
+    /// core has QPs in (rxe: the kernel loops it back to the host's members).
+    fn loop_back_multicast(&mut self, buf: &[u8], s: &TxSplit) {
+        let (Some(head), Some(tail)) = (buf.get(..s.head), buf.get(s.head..s.head + s.tail)) else {
+            return;
+        };
+        let payload = match &s.payload {
+            Some(p) => match self.tx_payload(p) {
+                Some(b) => b,
+                None => return,
+            },
+            None => &[],
+        };
+        let frame = [head, payload, tail].concat();
+        let ours = match ParsedPacket::parse(&frame) {
+            Ok(p) => {
+                p.repr.bth.dest_qp == MULTICAST_QPN
+                    && !self.mcast.members(&p.repr.ip.dst_gid()).is_empty()
+            }
+            Err(_) => false,
+        };
+        if ours {
+            self.mcast_looped.push_back(frame);
+        }
     }
 
     /// When `handle_timeout` next needs to be called.

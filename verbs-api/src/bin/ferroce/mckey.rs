@@ -60,10 +60,11 @@ pub struct Args {
     /// Join as a send-only full member (no attach, no IGMP join).
     #[arg(short = 'o')]
     pub send_only: bool,
-    /// Join without multicast loopback. ferroce's raw backends never loop
-    /// a group's frames back to this host; over the UDP backend the kernel
-    /// does, to QPs attached here, and mckey's sender posts no receives to
-    /// hear them: either way nothing of this run changes.
+    /// Join without multicast loopback (IBV_QP_CREATE_BLOCK_SELF_MCAST_LB:
+    /// the sender's own QP does not hear its messages). Accepted, and
+    /// without effect on what a run does: as with rxe, this host's attached
+    /// QPs hear what it sends to the group, but mckey's sender posts no
+    /// receives, so its own QP drops its looped-back messages anyway.
     #[arg(short = 'l')]
     pub no_loopback: bool,
     #[command(flatten)]
