@@ -2105,7 +2105,13 @@ fn rdma_cm_interop() {
         CmTool::Mckey,
     ] {
         for ferroce_serves in [false, true] {
-            rows.push(rdma_cm_case(&env, tool, ferroce_serves));
+            rows.push(rdma_cm_case(&env, tool, ferroce_serves, false));
+        }
+    }
+    // rdma_cm over IPv6: the CMs pick each connection's GIDs by the addresses' family.
+    for tool in [CmTool::Rping, CmTool::Udaddy] {
+        for ferroce_serves in [false, true] {
+            rows.push(rdma_cm_case(&env, tool, ferroce_serves, true));
         }
     }
     finish(
@@ -2133,7 +2139,9 @@ fn rdma_cm_interop() {
          status 0` (the ferroce receiver checks every message on each QP) and the 5 messages \
          go to the group's address and MAC with BTH destination QP 0xFFFFFF and TTL 64. In \
          every case the capture must hold the data traffic and, but for mckey, the CM MADs \
-         (UD SEND 0x64 to QP1), each frame with a good ICRC.",
+         (UD SEND 0x64 to QP1), each frame with a good ICRC. `rping` and `udaddy` run over IPv6 \
+         too (the stock server bound to its IPv6 address; each CM takes the GIDs of the \
+         addresses' family).",
         &rows,
     );
 }
@@ -2153,31 +2161,40 @@ enum CmTool {
     Mckey,
 }
 
-fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
+fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool, v6: bool) -> Row {
     let started = Instant::now();
+    let (host_addr, vm_addr) = if v6 {
+        (env.lab.host_ipv6().to_string(), env.vm().ipv6().to_string())
+    } else {
+        (env.lab.host_ipv4().to_string(), env.vm().ip().to_string())
+    };
+    // A stock server over IPv6 listens on its IPv6 address (rdma_cm's wildcard is IPv4's).
+    let vm_bind = |flag: &str| {
+        if v6 {
+            format!(" {flag} {vm_addr}")
+        } else {
+            String::new()
+        }
+    };
     let (tag, vm_server, vm_client, f_server, f_client, ops): (_, _, _, _, _, &[u8]) = match tool {
         CmTool::Examples => (
             "cm-examples",
             "rdma_server".to_string(),
-            format!("rdma_client -s {}", env.lab.host_ipv4()),
+            format!("rdma_client -s {host_addr}"),
             vec!["rdma-server".to_string()],
-            vec![
-                "rdma-client".to_string(),
-                "-s".into(),
-                env.vm().ip().to_string(),
-            ],
+            vec!["rdma-client".to_string(), "-s".into(), vm_addr.clone()],
             &[0x64, 0x04, 0x11],
         ),
         CmTool::Rping => (
             "cm-rping",
-            "rping -s -v".to_string(),
-            format!("rping -c -a {} -v -V -C 3", env.lab.host_ipv4()),
+            format!("rping -s -v{}", vm_bind("-a")),
+            format!("rping -c -a {host_addr} -v -V -C 3"),
             vec!["rping".to_string(), "-s".into(), "-v".into()],
             vec![
                 "rping".to_string(),
                 "-c".into(),
                 "-a".into(),
-                env.vm().ip().to_string(),
+                vm_addr.clone(),
                 "-v".into(),
                 "-V".into(),
                 "-C".into(),
@@ -2190,8 +2207,8 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
         // came with.
         CmTool::Udaddy => (
             "cm-udaddy",
-            "udaddy -C 5 -S 1000".to_string(),
-            format!("udaddy -s {} -C 5 -S 1000 -t {TCLASS}", env.lab.host_ipv4()),
+            format!("udaddy -C 5 -S 1000{}", vm_bind("-b")),
+            format!("udaddy -s {host_addr} -C 5 -S 1000 -t {TCLASS}"),
             vec![
                 "udaddy".to_string(),
                 "-C".into(),
@@ -2202,7 +2219,7 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
             vec![
                 "udaddy".to_string(),
                 "-s".into(),
-                env.vm().ip().to_string(),
+                vm_addr.clone(),
                 "-C".into(),
                 "5".into(),
                 "-S".into(),
@@ -2217,17 +2234,14 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
         CmTool::Ucmatose => (
             "cm-ucmatose",
             "ucmatose -c 2 -C 5 -S 2000".to_string(),
-            format!(
-                "ucmatose -s {} -c 2 -C 5 -S 2000 -t {TCLASS}",
-                env.lab.host_ipv4()
-            ),
+            format!("ucmatose -s {host_addr} -c 2 -C 5 -S 2000 -t {TCLASS}"),
             ["ucmatose", "-c", "2", "-C", "5", "-S", "2000"]
                 .map(String::from)
                 .to_vec(),
             vec![
                 "ucmatose".to_string(),
                 "-s".into(),
-                env.vm().ip().to_string(),
+                vm_addr.clone(),
                 "-c".into(),
                 "2".into(),
                 "-C".into(),
@@ -2260,7 +2274,11 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
             )
         }
     };
-    let tag = format!("{tag}-{}", if ferroce_serves { "server" } else { "client" });
+    let tag = format!(
+        "{tag}-{}{}",
+        if ferroce_serves { "server" } else { "client" },
+        if v6 { "-v6" } else { "" }
+    );
     let pcap = env.dir.join(format!("{tag}.pcap"));
     let vm = env.vm();
     let dev = match tool {
@@ -2453,7 +2471,11 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool) -> Row {
         } else {
             "ferroce → rxe".into()
         },
-        params: format!("backend {}, IPv4, {params}", env.backend),
+        params: format!(
+            "backend {}, {}, {params}",
+            env.backend,
+            if v6 { "IPv6" } else { "IPv4" }
+        ),
         verdict: if pass { Verdict::Pass } else { Verdict::Fail },
         seconds: started.elapsed().as_secs_f64(),
         note: if pass {

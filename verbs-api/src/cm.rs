@@ -393,7 +393,7 @@ impl<'a> CmAgent<'a> {
         let at = (RECV_SLOTS * RECV_LEN) as u64;
         self.mr.write(at, &bytes)?;
         let path = ConnectOptions {
-            sgid_index: self.sgid_index,
+            sgid_index: source_gid_index(self.ctx, self.sgid_index, to),
             traffic_class,
             ..ConnectOptions::default()
         }
@@ -659,10 +659,11 @@ impl<'a> CmAgent<'a> {
         self.listening.insert(port);
     }
 
-    fn options(&self, path_mtu: u32, traffic_class: u8) -> ConnectOptions {
+    /// A connected QP's options towards `peer`.
+    fn options(&self, peer: Ipv6Addr, path_mtu: u32, traffic_class: u8) -> ConnectOptions {
         ConnectOptions {
             path_mtu,
-            sgid_index: self.sgid_index,
+            sgid_index: source_gid_index(self.ctx, self.sgid_index, peer),
             traffic_class,
             ..ConnectOptions::default()
         }
@@ -682,12 +683,14 @@ impl<'a> CmAgent<'a> {
             return Err(Error::Cm("rdma_cm connects RC QPs here".into()));
         }
         let peer_gid = gid_of(dst.ip());
-        let my_gid = self.ctx.query_gid(self.sgid_index)?;
+        let my_gid = self
+            .ctx
+            .query_gid(source_gid_index(self.ctx, self.sgid_index, peer_gid))?;
         let my_ip = my_gid
             .to_ipv4_mapped()
             .map_or(IpAddr::V6(my_gid), IpAddr::V4);
         if qp.state()? == QpState::Reset {
-            qp.to_init(&self.options(1024, param.traffic_class))?;
+            qp.to_init(&self.options(peer_gid, 1024, param.traffic_class))?;
         }
         let local_comm_id = self.new_comm_id();
         // rdma_cm binds the active side to an ephemeral port; it only
@@ -771,7 +774,7 @@ impl<'a> CmAgent<'a> {
             rnr_retry: rep.rnr_retry_count,
             max_rd_atomic: param.initiator_depth.min(rep.responder_resources).max(1),
             max_dest_rd_atomic: param.responder_resources.max(1),
-            ..self.options(mtu, param.traffic_class)
+            ..self.options(peer_gid, mtu, param.traffic_class)
         };
         let remote = RemoteQp {
             qpn: rep.local_qpn,
@@ -889,7 +892,7 @@ impl<'a> CmAgent<'a> {
         let r = &request.req;
         let peer_gid = Ipv6Addr::from(r.primary.local_gid);
         if qp.state()? == QpState::Reset {
-            qp.to_init(&self.options(1024, r.primary.traffic_class))?;
+            qp.to_init(&self.options(peer_gid, 1024, r.primary.traffic_class))?;
         }
         let mtu = mtu_bytes(r.path_mtu).min(self.ctx.query_port().active_mtu);
         let psn = crate::device::seed_from_os() as u32 & 0x00ff_ffff;
@@ -908,7 +911,7 @@ impl<'a> CmAgent<'a> {
             rnr_retry: r.rnr_retry_count,
             max_rd_atomic: initiator.max(1),
             max_dest_rd_atomic: responder.max(1),
-            ..self.options(mtu, r.primary.traffic_class)
+            ..self.options(peer_gid, mtu, r.primary.traffic_class)
         };
         let remote = RemoteQp {
             qpn: r.local_qpn,
@@ -987,7 +990,9 @@ impl<'a> CmAgent<'a> {
         traffic_class: u8,
     ) -> Result<UdPeer> {
         let peer_gid = gid_of(dst.ip());
-        let my_gid = self.ctx.query_gid(self.sgid_index)?;
+        let my_gid = self
+            .ctx
+            .query_gid(source_gid_index(self.ctx, self.sgid_index, peer_gid))?;
         let my_ip = my_gid
             .to_ipv4_mapped()
             .map_or(IpAddr::V6(my_gid), IpAddr::V4);
@@ -1200,6 +1205,30 @@ pub fn init_ud_qp(ctx: &Context, qp: &QueuePair<'_>, opts: &ConnectOptions) -> R
         gid: ctx.query_gid(opts.sgid_index)?,
     };
     qp.connect(ctx, &me, &opts)
+}
+
+/// The GID to reach `peer` from, as rdma_resolve_addr's route gives a
+/// source address of the destination's family: `preferred` when it is of
+/// the peer's kind (IPv4-mapped, IPv6 link-local, other IPv6), else the
+/// first GID of that kind, else `preferred`.
+pub fn source_gid_index(ctx: &Context, preferred: usize, peer: Ipv6Addr) -> usize {
+    let kind = |g: &Ipv6Addr| {
+        if g.to_ipv4_mapped().is_some() {
+            0
+        } else if g.segments()[0] & 0xffc0 == 0xfe80 {
+            1
+        } else {
+            2
+        }
+    };
+    let want = kind(&peer);
+    let gids = ctx.gids();
+    if gids.get(preferred).map(kind) == Some(want) {
+        return preferred;
+    }
+    gids.iter()
+        .position(|g| kind(g) == want)
+        .unwrap_or(preferred)
 }
 
 /// rdma_disconnect's first step: the QP to ERR, its work requests flushed.

@@ -126,6 +126,27 @@ fn rdma_cm_tools_between_namespaces() {
             );
         }
     }
+    // rping over IPv6: the CMs take the IPv6 GIDs (the device's default is the IPv4-mapped one).
+    let server_ip6 = topo.host(0).ipv6.to_string();
+    let dev = [
+        "--ib-dev",
+        "veth0",
+        "--backend",
+        "afpacket",
+        "--timeout",
+        "20",
+    ];
+    let mut srv = vec!["rping", "-s"];
+    srv.extend(dev);
+    let mut cli = vec!["rping", "-c", "-V", "-C", "3", "-a", &server_ip6];
+    cli.extend(dev);
+    let (s, c) = pair(&topo, &srv, &cli);
+    assert!(
+        s.status.success() && c.status.success(),
+        "rping over IPv6: {}\n{}",
+        text(&s),
+        text(&c)
+    );
 }
 
 /// `ferroce bench -R` (perftest's rdma_cm mode) between namespace hosts:
@@ -154,15 +175,22 @@ fn bench_rdma_cm_between_namespaces() {
         &["send", "--lat", "-c", "UD", "-s", "8", "-n", "300"],
         &["send", "-c", "UD", "-b", "-s", "2048", "-n", "300"],
     ];
-    for backend in ["udp", "afpacket"] {
-        for run in runs {
+    // Over IPv6 too: the CM takes the IPv6 GIDs for the control and the test connections.
+    let server_ip6 = topo.host(0).ipv6.to_string();
+    let v6_runs = [runs[0], runs[7]];
+    for (backend, server, runs) in [
+        ("udp", &server_ip, &runs[..]),
+        ("afpacket", &server_ip, &runs[..]),
+        ("afpacket", &server_ip6, &v6_runs[..]),
+    ] {
+        for &run in runs {
             let mut srv: Vec<&str> = vec!["bench"];
             srv.extend(run);
             srv.extend(["-R", "-d", "veth0", "--backend", backend]);
             let mut cli = srv.clone();
-            cli.push(&server_ip);
+            cli.push(server);
             let (s, c) = pair(&topo, &srv, &cli);
-            let what = format!("{backend} {}", run.join(" "));
+            let what = format!("{backend} {server} {}", run.join(" "));
             for (side, o) in [("server", &s), ("client", &c)] {
                 let t = text(o);
                 assert!(o.status.success(), "{what}: {side}: {t}");

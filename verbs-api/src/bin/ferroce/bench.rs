@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use ferroce_stack::wire::mad::sidr_status;
-use ferroce_verbs::cm::UdPeer;
+use ferroce_verbs::cm::{source_gid_index, UdPeer};
 use ferroce_verbs::cm::{
     CmAgent, ConnParam, Connection as CmConnection, RDMA_UDP_QKEY, REJ_INVALID_SERVICE_ID,
 };
@@ -786,7 +786,13 @@ fn run_inner(a: &Args) -> Result<bool, String> {
                     Some(r) => (r.peer.peer_gid, r.peer.qpn, r.peer.qkey, r.traffic_class),
                     None => (std::net::Ipv6Addr::from(d.gid), d.qpn, opts.qkey, None),
                 };
-                let mut path = opts
+                // With -R, rdma_cm's route picks the source address (of the peer's family).
+                let sgid_index = if ud_peers.get(i).is_some_and(Option::is_some) {
+                    source_gid_index(&ctx, opts.sgid_index, gid)
+                } else {
+                    opts.sgid_index
+                };
+                let mut path = ConnectOptions { sgid_index, ..opts }
                     .path_to(&ctx, gid)
                     .map_err(|e| format!("Couldn't create AH: {e}"))?;
                 if let Some(tc) = tclass {
@@ -1156,6 +1162,11 @@ fn cm_resolve_ud(
         }
     };
     if announce {
+        // rdma_cm's route gives a source address of the peer's family.
+        let opts = ConnectOptions {
+            sgid_index: source_gid_index(ctx, opts.sgid_index, peer.peer_gid),
+            ..opts
+        };
         let path = opts
             .path_to(ctx, peer.peer_gid)
             .map_err(|e| format!("Couldn't create AH: {e}"))?;

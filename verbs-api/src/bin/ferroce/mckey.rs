@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use ferroce_verbs::cm::init_ud_qp;
+use ferroce_verbs::cm::{init_ud_qp, source_gid_index};
 use ferroce_verbs::multicast::{self, JoinKind, Joined};
 use ferroce_verbs::wc::GRH_LEN;
 use ferroce_verbs::{
@@ -241,6 +241,11 @@ impl<'pd> Node<'pd> {
         timeout: Duration,
     ) -> Result<(), String> {
         let j = self.joined.as_ref().ok_or("not joined")?;
+        // The source address rdma_cm's route gave, of the group's family.
+        let opts = ConnectOptions {
+            sgid_index: source_gid_index(ctx, opts.sgid_index, j.mgid),
+            ..*opts
+        };
         let mut path = opts
             .path_to(ctx, j.mgid)
             .map_err(|e| format!("failure creating address handle: {e}"))?;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use ferroce_stack::wire::mad::sidr_status;
-use ferroce_verbs::cm::{init_ud_qp, CmAgent, UdPeer, RDMA_UDP_QKEY};
+use ferroce_verbs::cm::{init_ud_qp, source_gid_index, CmAgent, UdPeer, RDMA_UDP_QKEY};
 use ferroce_verbs::wc::{GrhInfo, GRH_LEN};
 use ferroce_verbs::{
     AccessFlags, CompletionQueue, ConnectOptions, Context, MemoryRegion, ProtectionDomain, QpType,
@@ -254,6 +254,11 @@ impl<'pd> Node<'pd> {
         signaled: bool,
     ) -> Result<(), String> {
         let peer = self.peer.as_ref().ok_or("no peer to send to")?;
+        // The source address rdma_cm's route gave, of the peer's family.
+        let opts = ConnectOptions {
+            sgid_index: source_gid_index(ctx, opts.sgid_index, peer.peer_gid),
+            ..*opts
+        };
         let mut path = opts
             .path_to(ctx, peer.peer_gid)
             .map_err(|e| format!("ibv_create_ah: {e}"))?;
