@@ -281,7 +281,9 @@ pub trait PacketIo: Send {
     /// `poll(2)` ([`wait_readable_any`]) rather than joining them in an
     /// epoll set: an epoll set stays on each fd's wait queue, so every
     /// frame's wake-up would run through it, sleeping or not (AF_XDP over
-    /// veth lost ~10 % of its bandwidth to that).
+    /// veth lost ~10 % of its bandwidth to that). It may change with
+    /// [`PacketIo::join_multicast`] / [`PacketIo::leave_multicast`] (the UDP
+    /// backend's group sockets), so a sleeper asks again after those.
     fn second_poll_fd(&self) -> Option<RawFd> {
         None
     }

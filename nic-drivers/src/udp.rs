@@ -350,7 +350,7 @@ pub struct UdpIo {
     share_warned: bool,
     // Multicast groups joined, each through a socket bound to the group and
     // port (`crate::mcast`), read after the main socket; `mcast_epoll` holds
-    // them for the engine to sleep on (empty, and never readable, without).
+    // them for the engine to sleep on.
     mcast: Memberships,
     mcast_fds: Vec<RawFd>,
     mcast_epoll: OwnedFd,
@@ -1175,8 +1175,10 @@ impl PacketIo for UdpIo {
         Ok(n)
     }
 
+    /// Only while a group is joined: an idle second fd would still cost
+    /// every sleep of the engine a little.
     fn second_poll_fd(&self) -> Option<RawFd> {
-        Some(self.mcast_epoll.as_raw_fd())
+        (!self.mcast_fds.is_empty()).then(|| self.mcast_epoll.as_raw_fd())
     }
 
     /// A socket bound to the group and port receives its datagrams (with a

@@ -7,7 +7,7 @@
 //! (and the core's next timeout) when idle; in polling mode the caller's
 //! thread runs them from `poll_cq` for the lowest latency.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -294,8 +294,11 @@ pub(crate) struct Engine {
     pub mode: EngineMode,
     pub stop: AtomicBool,
     pub failure: Mutex<Option<String>>,
-    /// The backend's fds to sleep on (the second only for a backend with two).
-    poll_fds: Vec<std::os::fd::RawFd>,
+    /// The backend's fd to sleep on, and its second one (-1: none), which
+    /// may come and go (the UDP backend's multicast sockets): see
+    /// [`Engine::refresh_poll_fds`].
+    poll_fd: std::os::fd::RawFd,
+    second_poll_fd: AtomicI32,
     /// When a step last ran, in ns since `born` (the keeper reads it).
     last_step_ns: AtomicU64,
     /// The core clock's epoch.
@@ -304,9 +307,8 @@ pub(crate) struct Engine {
 
 impl Engine {
     pub fn new(inner: Inner, mode: EngineMode) -> Engine {
-        let poll_fds = std::iter::once(inner.io.poll_fd())
-            .chain(inner.io.second_poll_fd())
-            .collect();
+        let poll_fd = inner.io.poll_fd();
+        let second_poll_fd = AtomicI32::new(inner.io.second_poll_fd().unwrap_or(-1));
         let born = inner.epoch;
         Engine {
             inner: Mutex::new(inner),
@@ -314,7 +316,8 @@ impl Engine {
             mode,
             stop: AtomicBool::new(false),
             failure: Mutex::new(None),
-            poll_fds,
+            poll_fd,
+            second_poll_fd,
             last_step_ns: AtomicU64::new(0),
             born,
         }
@@ -408,9 +411,19 @@ impl Engine {
         }
     }
 
+    /// Takes the backend's second fd again, after a change that may have
+    /// made or removed it (a multicast join or leave).
+    pub fn refresh_poll_fds(&self, inner: &Inner) {
+        let fd = inner.io.second_poll_fd().unwrap_or(-1);
+        self.second_poll_fd.store(fd, Ordering::Release);
+    }
+
     /// Sleep until the backend has frames or `timeout` passes.
     pub fn wait_io(&self, timeout: Duration) {
-        if let Err(e) = ferroce_nic::wait_readable_any(&self.poll_fds, Some(timeout)) {
+        let second = self.second_poll_fd.load(Ordering::Acquire);
+        let fds = [self.poll_fd, second];
+        let fds = if second >= 0 { &fds[..] } else { &fds[..1] };
+        if let Err(e) = ferroce_nic::wait_readable_any(fds, Some(timeout)) {
             self.fail(e.to_string());
         }
     }

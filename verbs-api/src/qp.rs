@@ -227,6 +227,7 @@ impl<'pd> QueuePair<'pd> {
             let _ = inner.core.detach_mcast(self.qpn, mgid);
             return Err(e.into());
         }
+        self.pd.shared.engine.refresh_poll_fds(&inner);
         Ok(())
     }
 
@@ -241,6 +242,7 @@ impl<'pd> QueuePair<'pd> {
         let mut inner = self.pd.shared.engine.lock();
         inner.core.detach_mcast(self.qpn, mgid)?;
         inner.io.leave_multicast(mgid.into())?;
+        self.pd.shared.engine.refresh_poll_fds(&inner);
         Ok(())
     }
 
@@ -384,6 +386,7 @@ impl Drop for QueuePair<'_> {
         for mgid in inner.core.mcast_groups_of(self.qpn) {
             if inner.core.detach_mcast(self.qpn, mgid).is_ok() {
                 let _ = inner.io.leave_multicast(mgid.into());
+                self.pd.shared.engine.refresh_poll_fds(&inner);
             }
         }
         let _ = inner.core.destroy_qp(self.qpn);

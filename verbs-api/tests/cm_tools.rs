@@ -1,7 +1,8 @@
-//! `ferroce rdma-server` / `rdma-client`, `ferroce rping`, `ferroce
-//! ucmatose` and `ferroce udaddy` between two namespace hosts (connections set up, UD QPs resolved,
-//! by the CM over QP1), on each packet engine. Needs root; skips with a message without it. (Against the stock
-//! librdmacm tools on rxe: interop-tests' rdma_cm_interop.)
+//! `ferroce rdma-server` / `rdma-client`, `ferroce rping`, `ferroce ucmatose`, `ferroce
+//! udaddy` and `ferroce mckey` between namespace hosts (connections set up, UD QPs resolved, by
+//! the CM over QP1; multicast groups joined), on each packet engine. Needs root; skips with a
+//! message without it, but for mckey over UDP on loopback. (Against the stock librdmacm tools on
+//! rxe: interop-tests' rdma_cm_interop.)
 
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -275,5 +276,43 @@ fn mckey_between_namespaces() {
             );
             assert_eq!(t.matches("mckey: joined dgid").count(), 2, "{t}");
         }
+    }
+}
+
+/// `ferroce mckey` between two processes on loopback over the UDP backend
+/// (no root needed): the receiver's device hears the group through a socket
+/// bound to it, and its engine sleeps on that socket too.
+#[test]
+fn mckey_over_udp_on_loopback() {
+    let dev = [
+        "-d",
+        "lo",
+        "--backend",
+        "udp",
+        "-b",
+        "127.0.0.1",
+        "--timeout",
+        "20",
+    ];
+    let run = |extra: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ferroce"));
+        c.arg("mckey")
+            .args(extra)
+            .args(["-m", "239.7.1.1", "-C", "8", "-S", "1200"])
+            .args(dev)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    let receiver = run(&["-c", "2"]).spawn().expect("spawn receiver");
+    std::thread::sleep(Duration::from_millis(700));
+    let s = run(&["-s"]).output().expect("run sender");
+    let r = receiver.wait_with_output().expect("receiver");
+    for (side, o) in [("sender", &s), ("receiver", &r)] {
+        let t = text(o);
+        assert!(
+            o.status.success() && t.contains("data transfers complete"),
+            "{side}: {t}"
+        );
     }
 }
