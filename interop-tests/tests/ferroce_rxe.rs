@@ -1172,6 +1172,38 @@ fn messages_tos(pcap: &Path, opcode: u8) -> Result<String, String> {
     }
 }
 
+/// [`perftest_extra`], and every RoCE frame of the run, both ways, went between link-local
+/// IPv6 addresses (the GIDs perftest's `--ipv6` picks).
+fn link_local_extra(o: &Outcome) -> Result<String, String> {
+    let check = perftest_extra(o)?;
+    let frames = roce_frames(&o.pcap)?;
+    let link_local = |a: &[u8]| a.len() == 16 && a[0] == 0xfe && a[1] & 0xc0 == 0x80;
+    if let Some(f) = frames
+        .iter()
+        .find(|f| !link_local(&f.src) || !link_local(&f.dst))
+    {
+        return Err(format!(
+            "a frame from {:02x?} to {:02x?}: expected link-local IPv6 both ways",
+            f.src, f.dst
+        ));
+    }
+    let mut sources: Vec<&[u8]> = frames.iter().map(|f| f.src.as_slice()).collect();
+    sources.sort();
+    sources.dedup();
+    if sources.len() != 2 {
+        return Err(format!(
+            "frames from {} addresses, expected both sides'",
+            sources.len()
+        ));
+    }
+    let seen = format!("all {} frames link-local IPv6", frames.len());
+    Ok(if check.is_empty() {
+        seen
+    } else {
+        format!("{check}; {seen}")
+    })
+}
+
 /// The group `mckey` uses in a case: one per direction, so a late frame of one case cannot
 /// count in the other.
 fn mckey_group(ferroce_receives: bool) -> &'static str {
@@ -1415,6 +1447,22 @@ fn perftest_bw_interop() {
         case.operation = format!("WRITE bw {}", set.what);
         rows.extend(judge_both(&mut env, case, tclass_extra));
     }
+    // `--ipv6` without `-x`: each side takes perftest's pick, the first GID that is not
+    // IPv4-mapped (the link-local one, on rxe's table and on ferroce's).
+    let mut case = Case::new(
+        "ib_write_bw",
+        "--ipv6 -m 4096 -s 65536 -n 10 -F",
+        "bench write --ipv6 -m 4096 -s 65536 -n 10",
+        false,
+    )
+    .op(
+        "--ipv6, no -x, 65536 B × 10",
+        "MTU 4096, link-local IPv6 GID (perftest's pick), 1 QP",
+        &[0x06, 0x08, 0x11],
+    )
+    .timeout(60);
+    case.operation = "WRITE bw --ipv6, no -x, 65536 B × 10".into();
+    rows.extend(judge_both(&mut env, case, link_local_extra));
     // `-o`: each side offers OUTS as its READ responder depth (perftest's OUT); the requester
     // keeps no more out than the responder took.
     let outs_args = format!("-o {OUTS} -m 4096 -s 65536 -n 50");

@@ -196,9 +196,14 @@ pub struct Args {
     /// Device (interface, or ferroce_<ifname>).
     #[arg(short = 'd', long = "ib-dev")]
     pub ib_dev: Option<String>,
-    /// GID index (default: the IPv4-mapped one).
+    /// GID index (default: the IPv4-mapped one; with --ipv6 an IPv6 one).
     #[arg(short = 'x', long = "gid-index")]
     pub gid_index: Option<usize>,
+    /// Use an IPv6 GID when -x is not given (perftest's --ipv6: the first
+    /// GID that is not IPv4-mapped). The address given for -R stays IPv4
+    /// in perftest 4.5; ferroce takes either.
+    #[arg(long)]
+    pub ipv6: bool,
     /// Traffic class of every packet of the test's QPs (perftest's
     /// `--tclass`): the IPv4 TOS or IPv6 traffic class, DSCP << 2 | ECN.
     #[arg(long = "tclass", default_value_t = 0)]
@@ -535,9 +540,7 @@ fn run_inner(a: &Args) -> Result<bool, String> {
                 .map_err(|e| e.to_string())?;
         }
     }
-    let gid_index = a
-        .gid_index
-        .unwrap_or_else(|| common::default_gid_index(&ctx));
+    let gid_index = common::perftest_gid_index(&ctx, a.gid_index, a.ipv6);
     let gid = ctx.query_gid(gid_index).map_err(|e| e.to_string())?;
     let defaults = ConnectOptions::default();
     let max_rd = ctx.query_device().max_qp_rd_atom;
@@ -1743,9 +1746,7 @@ fn run_server(
 /// perftest 4.5's test banner (`ctx_print_test_info`, as its tools print it
 /// on rxe), then ferroce's backend.
 fn print_header(a: &Args, ctx: &Context, mtu: u32, client: bool, out_reads: u8) {
-    let gid_index = a
-        .gid_index
-        .unwrap_or_else(|| common::default_gid_index(ctx));
+    let gid_index = common::perftest_gid_index(ctx, a.gid_index, a.ipv6);
     let shape = Banner {
         mtu,
         client,

@@ -54,6 +54,21 @@ pub fn default_gid_index(ctx: &Context) -> usize {
         .unwrap_or(0)
 }
 
+/// perftest's GID: `-x` if given, else its get_best_gid_index's pick on a
+/// table of RoCE v2 GIDs: the first IPv4-mapped one, or with `--ipv6` the
+/// first that is not (the link-local one, on rxe's table).
+pub fn perftest_gid_index(ctx: &Context, x: Option<usize>, ipv6: bool) -> usize {
+    match x {
+        Some(i) => i,
+        None if ipv6 => ctx
+            .gids()
+            .iter()
+            .position(|g| g.to_ipv4_mapped().is_none())
+            .unwrap_or(0),
+        None => default_gid_index(ctx),
+    }
+}
+
 /// An IPv6 GID as 16 bytes, and back.
 pub fn gid_bytes(g: std::net::Ipv6Addr) -> [u8; 16] {
     g.octets()
