@@ -229,22 +229,8 @@ fn membership_socket(
                 &one,
                 "IPV6_V6ONLY",
             )?;
-            for (opt, what) in [
-                (libc::IPV6_RECVPKTINFO, "IPV6_RECVPKTINFO"),
-                (libc::IPV6_RECVTCLASS, "IPV6_RECVTCLASS"),
-                (libc::IPV6_RECVHOPLIMIT, "IPV6_RECVHOPLIMIT"),
-            ] {
-                sys::setsockopt(raw, libc::IPPROTO_IPV6, opt, &one, what)?;
-            }
-        } else {
-            for (opt, what) in [
-                (libc::IP_PKTINFO, "IP_PKTINFO"),
-                (libc::IP_RECVTOS, "IP_RECVTOS"),
-                (libc::IP_RECVTTL, "IP_RECVTTL"),
-            ] {
-                sys::setsockopt(raw, libc::IPPROTO_IP, opt, &one, what)?;
-            }
         }
+        crate::udp::report_rx_headers(raw, v6)?;
         let (ss, len) = crate::udp::to_sockaddr(&SocketAddr::new(group, port));
         // SAFETY: ss holds a valid sockaddr of `len` bytes.
         let r = unsafe { libc::bind(raw, (&ss as *const libc::sockaddr_storage).cast(), len) };

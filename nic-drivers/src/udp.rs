@@ -199,6 +199,30 @@ fn attach_loopback_filter(fd: RawFd) -> Result<(), NicError> {
 }
 
 /// Turns UDP_GRO on or off; returns whether the socket took it.
+/// Asks for what `deliver` rebuilds the IP header from, with every
+/// datagram: destination address, TOS / traffic class, TTL / hop limit (on
+/// a v6 socket the IPv4 options report v4(-mapped) packets' fields).
+pub(crate) fn report_rx_headers(fd: RawFd, v6: bool) -> Result<(), NicError> {
+    let one: libc::c_int = 1;
+    if v6 {
+        for (opt, what) in [
+            (libc::IPV6_RECVPKTINFO, "IPV6_RECVPKTINFO"),
+            (libc::IPV6_RECVTCLASS, "IPV6_RECVTCLASS"),
+            (libc::IPV6_RECVHOPLIMIT, "IPV6_RECVHOPLIMIT"),
+        ] {
+            sys::setsockopt(fd, libc::IPPROTO_IPV6, opt, &one, what)?;
+        }
+    }
+    for (opt, what) in [
+        (libc::IP_PKTINFO, "IP_PKTINFO"),
+        (libc::IP_RECVTOS, "IP_RECVTOS"),
+        (libc::IP_RECVTTL, "IP_RECVTTL"),
+    ] {
+        sys::setsockopt(fd, libc::IPPROTO_IP, opt, &one, what)?;
+    }
+    Ok(())
+}
+
 fn set_gro(fd: RawFd, on: bool) -> bool {
     let v = libc::c_int::from(on);
     sys::setsockopt(fd, libc::SOL_UDP, UDP_GRO, &v, "UDP_GRO").is_ok()
@@ -446,28 +470,8 @@ impl UdpIo {
                 &only,
                 "IPV6_V6ONLY",
             )?;
-            sys::setsockopt(
-                raw,
-                libc::IPPROTO_IPV6,
-                libc::IPV6_RECVPKTINFO,
-                &one,
-                "IPV6_RECVPKTINFO",
-            )?;
-            sys::setsockopt(
-                raw,
-                libc::IPPROTO_IPV6,
-                libc::IPV6_RECVTCLASS,
-                &one,
-                "IPV6_RECVTCLASS",
-            )?;
-            sys::setsockopt(
-                raw,
-                libc::IPPROTO_IPV6,
-                libc::IPV6_RECVHOPLIMIT,
-                &one,
-                "IPV6_RECVHOPLIMIT",
-            )?;
         }
+        report_rx_headers(raw, v6)?;
         // The TTL (hop limit) frames usually carry, so only others need a
         // control message (one more on every send cost a bulk sender ~12 %).
         let ttl = libc::c_int::from(SOCKET_TTL);
@@ -481,10 +485,6 @@ impl UdpIo {
                 "IPV6_UNICAST_HOPS",
             )?;
         }
-        // On a v6 socket these report v4(-mapped) packets' header fields.
-        sys::setsockopt(raw, libc::IPPROTO_IP, libc::IP_PKTINFO, &one, "IP_PKTINFO")?;
-        sys::setsockopt(raw, libc::IPPROTO_IP, libc::IP_RECVTOS, &one, "IP_RECVTOS")?;
-        sys::setsockopt(raw, libc::IPPROTO_IP, libc::IP_RECVTTL, &one, "IP_RECVTTL")?;
         // Predictable IPv4 IDs on what we send (see crate::ipv4_id). On a v6 socket it covers
         // the v4-mapped traffic (Linux passes SOL_IP options of UDPv6 sockets to IPv4); should
         // a kernel refuse it there, only that traffic's ICRC would disagree with rxe's.

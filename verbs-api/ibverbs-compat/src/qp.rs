@@ -381,15 +381,8 @@ pub unsafe extern "C" fn ibv_attach_mcast(
     gid: *const ffi::ibv_gid,
     _lid: u16,
 ) -> c_int {
-    if qp.is_null() || gid.is_null() {
-        return libc::EINVAL;
-    }
-    // SAFETY: live and readable (caller).
-    let (q, raw) = unsafe { (fqp(qp), (*gid).raw) };
-    match q.qp.attach_mcast(std::net::Ipv6Addr::from(raw)) {
-        Ok(()) => 0,
-        Err(e) => errno_of(&e),
-    }
+    // SAFETY: as this function's.
+    unsafe { mcast_call(qp, gid, |q, g| q.attach_mcast(g)) }
 }
 
 /// ibv_detach_mcast: EINVAL for a group the QP is not attached to.
@@ -402,12 +395,25 @@ pub unsafe extern "C" fn ibv_detach_mcast(
     gid: *const ffi::ibv_gid,
     _lid: u16,
 ) -> c_int {
+    // SAFETY: as this function's.
+    unsafe { mcast_call(qp, gid, |q, g| q.detach_mcast(g)) }
+}
+
+/// `op` on the QP and group behind the C handles, as an errno.
+///
+/// # Safety
+/// `qp` is null or a live QP of this library, `gid` null or readable.
+unsafe fn mcast_call(
+    qp: *mut ffi::ibv_qp,
+    gid: *const ffi::ibv_gid,
+    op: impl FnOnce(&ferroce_verbs::QueuePair<'static>, std::net::Ipv6Addr) -> ferroce_verbs::Result<()>,
+) -> c_int {
     if qp.is_null() || gid.is_null() {
         return libc::EINVAL;
     }
     // SAFETY: live and readable (caller).
     let (q, raw) = unsafe { (fqp(qp), (*gid).raw) };
-    match q.qp.detach_mcast(std::net::Ipv6Addr::from(raw)) {
+    match op(&q.qp, std::net::Ipv6Addr::from(raw)) {
         Ok(()) => 0,
         Err(e) => errno_of(&e),
     }

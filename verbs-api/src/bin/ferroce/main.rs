@@ -15,6 +15,7 @@ mod pingpong;
 mod rdma_cm;
 mod rping;
 mod ucmatose;
+mod ud_node;
 mod udaddy;
 
 use clap::{Parser, Subcommand};

@@ -10,18 +10,13 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use ferroce_verbs::cm::{init_ud_qp, source_gid_index};
+use ferroce_verbs::cm::source_gid_index;
 use ferroce_verbs::multicast::{self, JoinKind, Joined};
-use ferroce_verbs::wc::GRH_LEN;
-use ferroce_verbs::{
-    AccessFlags, CompletionQueue, ConnectOptions, Context, MemoryRegion, ProtectionDomain, QpType,
-    QueuePair, RecvWr, SendOp, SendWr, UdDest, WcOpcode, WcStatus,
-};
+use ferroce_verbs::{ConnectOptions, Context, ProtectionDomain};
 
 use crate::common;
+use crate::ud_node::{Step, UdNode, GRH};
 
-/// A UD receive starts with the 40-byte GRH.
-const GRH: u32 = GRH_LEN as u32;
 /// rdma_cm's port-space numbers (`-p`): UDP, and IPoIB, which ferroce lacks.
 const PS_UDP: u32 = 0x0111;
 const PS_IPOIB: u32 = 0x0002;
@@ -93,12 +88,10 @@ pub fn run(a: Args) -> i32 {
     ret
 }
 
-/// One connection: its QP, CQ, the one buffer of GRH + message every
-/// receive and send uses (as mckey), and its join.
+/// One connection: its endpoint (QP, CQ, the one buffer of GRH + message)
+/// and its join.
 struct Node<'pd> {
-    qp: QueuePair<'pd>,
-    cq: CompletionQueue,
-    mr: MemoryRegion<'pd>,
+    ud: UdNode<'pd>,
     joined: Option<Joined>,
 }
 
@@ -135,7 +128,7 @@ fn session(a: &Args) -> Result<(), String> {
     let result = (|| {
         for _ in 0..a.connections {
             let mut node = Node::new(&ctx, &pd, a, count, &opts)?;
-            let joined = multicast::join(&node.qp, group, kind)
+            let joined = multicast::join(&node.ud.qp, group, kind)
                 .map_err(|e| format!("failure joining: {e}"))?;
             println!(
                 "mckey: joined dgid: {} mlid 0x{:x} sl {}",
@@ -165,7 +158,7 @@ fn session(a: &Args) -> Result<(), String> {
     // mckey leaves every group it joined, whatever happened after the joins.
     for n in &nodes {
         if let Some(j) = &n.joined {
-            multicast::leave(&n.qp, j).map_err(|e| format!("failure leaving: {e}"))?;
+            multicast::leave(&n.ud.qp, j).map_err(|e| format!("failure leaving: {e}"))?;
         }
     }
     result
@@ -179,9 +172,8 @@ fn resolve_group(m: Option<&str>) -> Result<IpAddr, String> {
 }
 
 impl<'pd> Node<'pd> {
-    /// mckey's addr_handler: a CQ of 2 × count, a UD QP of count WRs each
-    /// way (in RTS, as librdmacm leaves it), one buffer of GRH + size, and,
-    /// on a receiver, count receives posted on it.
+    /// mckey's addr_handler: the MTU check, then the endpoint, with count
+    /// receives posted on a receiver.
     fn new(
         ctx: &Context,
         pd: &'pd ProtectionDomain,
@@ -196,37 +188,15 @@ impl<'pd> Node<'pd> {
                 a.size
             ));
         }
-        let depth = count.max(1);
-        let cq = ctx
-            .create_cq(2 * depth)
-            .map_err(|e| format!("unable to create CQ: {e}"))?;
-        let qp = pd
-            .create_qp()
-            .qp_type(QpType::Ud)
-            .max_send_wr(depth)
-            .max_recv_wr(depth)
-            .build(&cq, &cq)
-            .map_err(|e| format!("unable to create QP: {e}"))?;
-        init_ud_qp(ctx, &qp, opts).map_err(|e| format!("unable to create QP: {e}"))?;
-        let mr = pd
-            .reg_mr((a.size + GRH) as usize, AccessFlags::LOCAL_WRITE)
-            .map_err(|e| format!("failed to reg MR: {e}"))?;
-        if !a.sender && count > 0 {
-            let sge = [mr.sge(0, a.size + GRH)];
-            for i in 0..count {
-                qp.post_recv(&[RecvWr {
-                    wr_id: u64::from(i),
-                    sg_list: &sge,
-                }])
-                .map_err(|e| format!("failed to post receives: {e}"))?;
-            }
-        }
-        Ok(Node {
-            qp,
-            cq,
-            mr,
-            joined: None,
-        })
+        let ud = UdNode::new(ctx, pd, opts, count, a.size, !a.sender && count > 0).map_err(
+            |(step, e)| match step {
+                Step::Cq => format!("unable to create CQ: {e}"),
+                Step::Qp => format!("unable to create QP: {e}"),
+                Step::Mr => format!("failed to reg MR: {e}"),
+                Step::PostRecv => format!("failed to post receives: {e}"),
+            },
+        )?;
+        Ok(Node { ud, joined: None })
     }
 
     /// count SEND WITH IMMEDIATE (this QP's number) of size bytes to the
@@ -251,52 +221,20 @@ impl<'pd> Node<'pd> {
             .map_err(|e| format!("failure creating address handle: {e}"))?;
         path.traffic_class = j.traffic_class;
         path.hop_limit = j.hop_limit;
-        let sge = [self.mr.sge(0, size)];
-        for i in 0..count {
-            let mut wr = SendWr::new(
-                u64::from(i),
-                SendOp::SendWithImm { imm: self.qp.qpn() },
-                &sge,
-            );
-            wr.flags.signaled = i + 1 == count;
-            wr.ud = Some(UdDest {
-                path,
-                remote_qpn: j.qpn,
-                remote_qkey: j.qkey,
-            });
-            self.qp
-                .post_send(&[wr])
-                .map_err(|e| format!("failed to post sends: {e}"))?;
-        }
-        let wc = self
-            .cq
-            .poll_n(1, timeout)
-            .map_err(|e| format!("failed polling CQ: {e}"))?;
-        match wc.first() {
-            Some(wc) if wc.status != WcStatus::Success => {
-                Err(format!("send completion with status {:?}", wc.status))
-            }
-            _ => Ok(()),
-        }
+        self.ud
+            .post_sends(path, (j.qpn, j.qkey), size, count, |i| i + 1 == count)
+            .map_err(|e| format!("failed to post sends: {e}"))?;
+        self.ud
+            .sent(1, timeout)
+            .map_err(|e| format!("failed polling CQ: {e}"))
     }
 
     /// Waits for `count` messages of `size` bytes (mckey counts completions
     /// only; a failed or cut one is an error here).
     fn receive(&self, size: u32, count: u32, timeout: Duration) -> Result<(), String> {
-        let wcs = self
-            .cq
-            .poll_n(count as usize, timeout)
-            .map_err(|e| format!("failed polling CQ: {e}"))?;
-        match wcs.iter().find(|wc| {
-            wc.status != WcStatus::Success
-                || wc.opcode != WcOpcode::Recv
-                || wc.byte_len != size + GRH
-        }) {
-            Some(wc) => Err(format!(
-                "receive completion {:?} with status {:?}, {} bytes",
-                wc.opcode, wc.status, wc.byte_len
-            )),
-            None => Ok(()),
-        }
+        self.ud
+            .receive(count, Some(size + GRH), timeout)
+            .map(drop)
+            .map_err(|e| format!("failed polling CQ: {e}"))
     }
 }

@@ -11,19 +11,15 @@ use std::time::Duration;
 
 use clap::Parser;
 use ferroce_stack::wire::mad::sidr_status;
-use ferroce_verbs::cm::{init_ud_qp, source_gid_index, CmAgent, UdPeer, RDMA_UDP_QKEY};
+use ferroce_verbs::cm::{source_gid_index, CmAgent, UdPeer, RDMA_UDP_QKEY};
 use ferroce_verbs::wc::{GrhInfo, GRH_LEN};
-use ferroce_verbs::{
-    AccessFlags, CompletionQueue, ConnectOptions, Context, MemoryRegion, ProtectionDomain, QpType,
-    QueuePair, RecvWr, SendOp, SendWr, UdDest, WcOpcode, WcStatus,
-};
+use ferroce_verbs::{ConnectOptions, Context, ProtectionDomain};
 
 use crate::common;
+use crate::ud_node::{Step, UdNode};
 
 /// udaddy's port, in rdma_cm's UDP port space.
 const PORT: u16 = 7174;
-/// A UD receive starts with the 40-byte GRH.
-const GRH: u32 = GRH_LEN as u32;
 /// rdma_cm's port-space numbers (`-p`): UDP, and IPoIB, which ferroce lacks.
 const PS_UDP: u32 = 0x0111;
 const PS_IPOIB: u32 = 0x0002;
@@ -82,12 +78,10 @@ pub fn run(a: Args) -> i32 {
     ret
 }
 
-/// One connection: its QP, CQ and the one buffer every receive and send uses
-/// (as udaddy: GRH + message).
+/// One connection: its endpoint (QP, CQ, the one buffer of GRH + message)
+/// and whom it talks to.
 struct Node<'pd> {
-    qp: QueuePair<'pd>,
-    cq: CompletionQueue,
-    mr: MemoryRegion<'pd>,
+    ud: UdNode<'pd>,
     /// Where replies (client: messages) go.
     peer: Option<UdPeer>,
     /// A server's: the traffic class its client's messages came with (udaddy
@@ -165,7 +159,7 @@ fn session(a: &Args) -> Result<(), String> {
                     .get_ud_request(PORT, timeout)
                     .map_err(|e| format!("rdma_get_request: {e}"))?;
                 let node = Node::new(&ctx, &pd, a, &opts)?;
-                cm.accept_ud(&req, &node.qp, &[])
+                cm.accept_ud(&req, &node.ud.qp, &[])
                     .map_err(|e| format!("failing connection request: {e}"))?;
                 // Whom to answer only the first message says (below).
                 nodes.push(node);
@@ -177,7 +171,7 @@ fn session(a: &Args) -> Result<(), String> {
                     // names, at the address and traffic class of its GRH.
                     let qpn = n.receive(a.count, timeout)?;
                     let mut g = [0u8; GRH_LEN];
-                    n.mr.read(0, &mut g).map_err(|e| e.to_string())?;
+                    n.ud.mr.read(0, &mut g).map_err(|e| e.to_string())?;
                     let from = GrhInfo::parse(&g);
                     n.reply_tclass = Some(from.traffic_class);
                     n.peer = Some(UdPeer {
@@ -200,52 +194,33 @@ fn session(a: &Args) -> Result<(), String> {
 }
 
 impl<'pd> Node<'pd> {
-    /// udaddy's init_node and post_recvs: a CQ of 2 × count, a UD QP of
-    /// count WRs each way (in RTS, as librdmacm leaves it), one buffer of
-    /// GRH + size, and count receives posted on it.
+    /// udaddy's init_node and post_recvs: the endpoint, count receives
+    /// posted on it (when messages have a size).
     fn new(
         ctx: &Context,
         pd: &'pd ProtectionDomain,
         a: &Args,
         opts: &ConnectOptions,
     ) -> Result<Node<'pd>, String> {
-        let depth = a.count.max(1);
-        let cq = ctx
-            .create_cq(2 * depth)
-            .map_err(|e| format!("ibv_create_cq: {e}"))?;
-        let qp = pd
-            .create_qp()
-            .qp_type(QpType::Ud)
-            .max_send_wr(depth)
-            .max_recv_wr(depth)
-            .build(&cq, &cq)
-            .map_err(|e| format!("rdma_create_qp: {e}"))?;
-        init_ud_qp(ctx, &qp, opts).map_err(|e| format!("rdma_create_qp: {e}"))?;
-        let mr = pd
-            .reg_mr((a.size + GRH) as usize, AccessFlags::LOCAL_WRITE)
-            .map_err(|e| format!("ibv_reg_mr: {e}"))?;
-        if a.size > 0 {
-            let sge = [mr.sge(0, a.size + GRH)];
-            for i in 0..a.count {
-                qp.post_recv(&[RecvWr {
-                    wr_id: u64::from(i),
-                    sg_list: &sge,
-                }])
-                .map_err(|e| format!("ibv_post_recv: {e}"))?;
-            }
-        }
+        let ud = UdNode::new(ctx, pd, opts, a.count, a.size, a.size > 0).map_err(|(step, e)| {
+            let call = match step {
+                Step::Cq => "ibv_create_cq",
+                Step::Qp => "rdma_create_qp",
+                Step::Mr => "ibv_reg_mr",
+                Step::PostRecv => "ibv_post_recv",
+            };
+            format!("{call}: {e}")
+        })?;
         Ok(Node {
-            qp,
-            cq,
-            mr,
+            ud,
             peer: None,
             reply_tclass: None,
         })
     }
 
-    /// count SEND WITH IMMEDIATE (this QP's number) of size bytes from the
-    /// buffer's start to the peer; signaled only when `signaled` (the
-    /// server's, whose completions it counts).
+    /// count SEND WITH IMMEDIATE (this QP's number) of size bytes to the
+    /// peer; signaled only when `signaled` (the server's, whose completions
+    /// it counts).
     fn post_sends(
         &self,
         ctx: &Context,
@@ -265,55 +240,27 @@ impl<'pd> Node<'pd> {
         if let Some(tc) = self.reply_tclass {
             path.traffic_class = tc;
         }
-        let sge = [self.mr.sge(0, a.size)];
-        for i in 0..a.count {
-            let mut wr = SendWr::new(
-                u64::from(i),
-                SendOp::SendWithImm { imm: self.qp.qpn() },
-                &sge,
-            );
-            wr.flags.signaled = signaled;
-            wr.ud = Some(UdDest {
-                path,
-                remote_qpn: peer.qpn,
-                remote_qkey: peer.qkey,
-            });
-            self.qp
-                .post_send(&[wr])
-                .map_err(|e| format!("failed to post sends: {e}"))?;
-        }
-        Ok(())
+        self.ud
+            .post_sends(path, (peer.qpn, peer.qkey), a.size, a.count, |_| signaled)
+            .map_err(|e| format!("failed to post sends: {e}"))
     }
 
     /// Waits for `count` received messages; returns the QPN the first one's
     /// immediate data names.
     fn receive(&self, count: u32, timeout: Duration) -> Result<u32, String> {
         let wcs = self
-            .cq
-            .poll_n(count as usize, timeout)
+            .ud
+            .receive(count, None, timeout)
             .map_err(|e| format!("receiving data transfers: {e}"))?;
-        let mut qpn = None;
-        for wc in &wcs {
-            if wc.status != WcStatus::Success || wc.opcode != WcOpcode::Recv {
-                return Err(format!(
-                    "receive completion {:?} with status {:?}",
-                    wc.opcode, wc.status
-                ));
-            }
-            qpn = qpn.or(wc.imm_data);
-        }
-        qpn.ok_or_else(|| "the messages carried no immediate data (the sender's QPN)".into())
+        wcs.iter()
+            .find_map(|wc| wc.imm_data)
+            .ok_or_else(|| "the messages carried no immediate data (the sender's QPN)".into())
     }
 
     /// Waits for the `count` send completions of the replies.
     fn sent(&self, count: u32, timeout: Duration) -> Result<(), String> {
-        let wcs = self
-            .cq
-            .poll_n(count as usize, timeout)
-            .map_err(|e| format!("sending replies: {e}"))?;
-        match wcs.iter().find(|wc| wc.status != WcStatus::Success) {
-            Some(wc) => Err(format!("send completion with status {:?}", wc.status)),
-            None => Ok(()),
-        }
+        self.ud
+            .sent(count, timeout)
+            .map_err(|e| format!("sending replies: {e}"))
     }
 }
