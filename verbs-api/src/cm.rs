@@ -321,6 +321,16 @@ impl<'a> CmAgent<'a> {
     /// `sgid_index` (as `-x` / `-g` pick one for the other tools).
     pub fn new(ctx: &'a Context, pd: &'a ProtectionDomain, sgid_index: usize) -> Result<Self> {
         ctx.query_gid(sgid_index)?;
+        if let Some(p @ 1..) = ctx.qpn_prefix() {
+            // Datagrams on a shared port are steered by the destination QPN's
+            // top byte: every MAD (to QP1) goes to the device with prefix 0.
+            return Err(Error::Cm(format!(
+                "this device shares its port with another ferroce device of this host (its \
+                 QPNs carry prefix {p}); connection-manager MADs go to QP1, which only the \
+                 first device on the port hears. Run rdma_cm peers in separate network \
+                 namespaces (`sudo ferroce netns up 2`) or on separate hosts"
+            )));
+        }
         let cq = ctx.create_cq((2 * RECV_SLOTS) as u32)?;
         let qp = pd
             .create_qp()

@@ -309,6 +309,13 @@ impl Context {
         })
     }
 
+    /// The top byte every QPN of this device carries when it shares its
+    /// port with other processes' devices (`ferroce_nic::port_share`,
+    /// `raw_share`); the first device on a port has 0.
+    pub fn qpn_prefix(&self) -> Option<u8> {
+        self.shared.engine.lock().core.config().qpn_prefix
+    }
+
     pub fn gids(&self) -> &[Ipv6Addr] {
         &self.shared.gids
     }

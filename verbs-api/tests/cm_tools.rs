@@ -282,8 +282,13 @@ fn mckey_between_namespaces() {
 /// `ferroce mckey` between two processes on loopback over the UDP backend
 /// (no root needed): the receiver's device hears the group through a socket
 /// bound to it, and its engine sleeps on that socket too.
+/// The tests on loopback share 127.0.0.1:4791, whose first device alone hears
+/// QP1: they take turns.
+static LOOPBACK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn mckey_over_udp_on_loopback() {
+    let _turn = LOOPBACK.lock().unwrap_or_else(|p| p.into_inner());
     let dev = [
         "-d",
         "lo",
@@ -315,4 +320,34 @@ fn mckey_over_udp_on_loopback() {
             "{side}: {t}"
         );
     }
+}
+
+/// Two rdma_cm tools on one host sharing UDP port 4791 (no namespaces, no
+/// root): MADs go to QP1, which only the first device on the port hears, so
+/// the second says so at once instead of timing out.
+#[test]
+fn a_second_device_on_a_shared_port_refuses_rdma_cm_at_once() {
+    let _turn = LOOPBACK.lock().unwrap_or_else(|p| p.into_inner());
+    let dev = ["--ib-dev", "lo", "--backend", "udp", "--timeout", "4"];
+    let server = Command::new(env!("CARGO_BIN_EXE_ferroce"))
+        .args(["rping", "-s"])
+        .args(dev)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn server");
+    std::thread::sleep(Duration::from_millis(700));
+    let started = std::time::Instant::now();
+    let c = Command::new(env!("CARGO_BIN_EXE_ferroce"))
+        .args(["rping", "-c", "-a", "127.0.0.1", "-C", "1"])
+        .args(dev)
+        .output()
+        .expect("run client");
+    let quick = started.elapsed() < Duration::from_secs(3);
+    let _ = server.wait_with_output();
+    let t = text(&c);
+    assert!(
+        !c.status.success() && quick && t.contains("shares its port") && t.contains("netns up"),
+        "{t}"
+    );
 }
