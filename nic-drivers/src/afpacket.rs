@@ -1072,7 +1072,15 @@ pub(crate) mod tests {
             pc += 1;
             let k = i.k as usize;
             match i.code {
+                0x00 => a = i.k,
                 0x01 => x = i.k,
+                0x05 => pc += k,
+                0x54 => a &= i.k,
+                0x16 => return a,
+                0x20 | 0x30 => match ld(k, if i.code == 0x20 { 4 } else { 1 }) {
+                    Some(v) => a = v,
+                    None => return 0,
+                },
                 0x80 => a = pkt.len() as u32,
                 0x1c => a = a.wrapping_sub(x),
                 0x28 => match ld(k, 2) {

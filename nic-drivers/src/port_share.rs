@@ -34,6 +34,11 @@
 //! one container do; containers that share only a network namespace should
 //! give each rank its own address instead.
 //!
+//! Connection management has one address per host, QP1: its MADs go to the
+//! member whose prefix tops the comm ID the MAD names as the receiver's
+//! (members' CMs draw their comm IDs with their prefix on top), and the
+//! requests that name none (REQ, SIDR_REQ) to the member with prefix 0.
+//!
 //! While the group has more than one member, the sockets take no UDP GRO:
 //! a NIC's GRO would merge datagrams of one flow (same addresses and ports)
 //! for different members into one, and the program steers it whole. For the
@@ -58,6 +63,19 @@ pub const PROBE_LEN: usize = 16;
 const PROBE_MAGIC: u32 = 0xFF66_7263;
 // Byte of the UDP payload with the top byte of the BTH destination QP.
 const DEST_QP_TOP: u32 = 5;
+// QP1's MADs (connection management), by UDP payload offset: a UD SEND's
+// BTH (12) and DETH (8), then the MAD, whose attribute ID is at 16 and whose
+// data starts at 24 (IBTA 13.4.3); a CM message names the receiver's comm ID
+// at data offset 4 (REP, RTU, DREQ, DREP, REJ, MRA: the remote comm ID), a
+// SIDR_REP its request ID at 0 (IBTA 12.6, 12.11).
+const GSI_QPN: u32 = 1;
+const MAD_ATTR_ID: u32 = 20 + 16;
+const MAD_REQUEST_ID: u32 = 20 + 24;
+const MAD_REMOTE_COMM_ID: u32 = 20 + 28;
+// Attribute IDs of the CM messages that name no receiver's ID (IBTA table 96).
+const CM_REQ: u32 = 0x0010;
+const CM_SIDR_REQ: u32 = 0x0017;
+const CM_SIDR_REP: u32 = 0x0018;
 // Returned for a datagram no member owns: past any position, so the
 // kernel picks by its hash instead (reuseport_select_sock).
 const NO_MEMBER: u32 = u32::MAX;
@@ -668,27 +686,54 @@ fn socket_is_v6(fd: RawFd) -> bool {
 }
 
 /// The group's program for `members`: probes get the position they carry;
-/// RoCE datagrams the position of the member with their QPN's prefix.
+/// RoCE datagrams the position of the member with their QPN's prefix. A
+/// MAD to QP1 (connection management) carries no member's QPN: it goes to
+/// the member whose prefix tops the comm ID it names as the receiver's (the
+/// remote comm ID of REP, RTU, DREQ, DREP, REJ, MRA; the request ID of a
+/// SIDR_REP), which each member's CM draws with its prefix on top; a REQ or
+/// SIDR_REQ, which names none, to the member with prefix 0.
 fn program(members: &[Member]) -> Vec<libc::sock_filter> {
     const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const LD_H_ABS: u16 = (libc::BPF_LD | libc::BPF_H | libc::BPF_ABS) as u16;
     const LD_B_ABS: u16 = (libc::BPF_LD | libc::BPF_B | libc::BPF_ABS) as u16;
+    const LD_IMM: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_IMM) as u16;
+    const AND_K: u16 = (libc::BPF_ALU | libc::BPF_AND | libc::BPF_K) as u16;
     const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const JA: u16 = (libc::BPF_JMP | libc::BPF_JA) as u16;
     const RET_A: u16 = (libc::BPF_RET | libc::BPF_A) as u16;
     const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
     let ins = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
-    let mut p = vec![
-        ins(LD_W_ABS, 0, 0, 0),
-        ins(JEQ_K, 0, 2, PROBE_MAGIC),
-        ins(LD_W_ABS, 0, 0, 4),
-        ins(RET_A, 0, 0, 0),
-        ins(LD_B_ABS, 0, 0, DEST_QP_TOP),
-    ];
-    for m in members {
-        p.push(ins(JEQ_K, 0, 1, u32::from(m.prefix)));
-        p.push(ins(RET_K, 0, 0, m.position));
-    }
-    p.push(ins(RET_K, 0, 0, NO_MEMBER));
-    p
+    // The member switch starts at 18; JA's k is the instructions skipped.
+    const SWITCH: u32 = 18;
+    vec![
+        ins(LD_W_ABS, 0, 0, 0),                  // 0
+        ins(JEQ_K, 0, 2, PROBE_MAGIC),           // 1: a probe?
+        ins(LD_W_ABS, 0, 0, 4),                  // 2
+        ins(RET_A, 0, 0, 0),                     // 3: its position
+        ins(LD_W_ABS, 0, 0, 4),                  // 4: BTH word 1
+        ins(AND_K, 0, 0, 0x00FF_FFFF),           // 5: destination QP
+        ins(JEQ_K, 2, 0, GSI_QPN),               // 6: QP1 -> 9
+        ins(LD_B_ABS, 0, 0, DEST_QP_TOP),        // 7: its prefix
+        ins(JA, 0, 0, SWITCH - 9),               // 8
+        ins(LD_H_ABS, 0, 0, MAD_ATTR_ID),        // 9: the MAD's attribute
+        ins(JEQ_K, 4, 0, CM_SIDR_REP),           // 10: -> 15
+        ins(JEQ_K, 5, 0, CM_REQ),                // 11: -> 17
+        ins(JEQ_K, 4, 0, CM_SIDR_REQ),           // 12: -> 17
+        ins(LD_B_ABS, 0, 0, MAD_REMOTE_COMM_ID), // 13
+        ins(JA, 0, 0, SWITCH - 15),              // 14
+        ins(LD_B_ABS, 0, 0, MAD_REQUEST_ID),     // 15: a SIDR_REP's
+        ins(JA, 0, 0, SWITCH - 17),              // 16
+        ins(LD_IMM, 0, 0, 0),                    // 17: a request: prefix 0
+    ]
+    .into_iter()
+    .chain(members.iter().flat_map(|m| {
+        [
+            ins(JEQ_K, 0, 1, u32::from(m.prefix)),
+            ins(RET_K, 0, 0, m.position),
+        ]
+    }))
+    .chain(std::iter::once(ins(RET_K, 0, 0, NO_MEMBER)))
+    .collect()
 }
 
 /// Attaches the program for `members`, or none for a member alone: a
@@ -854,9 +899,45 @@ mod tests {
             },
         ];
         let p = program(&ms);
-        // Header (5), two instructions a member, the fallback.
-        assert_eq!(p.len(), 5 + 2 * ms.len() + 1);
+        // Header (18), two instructions a member, the fallback.
+        assert_eq!(p.len(), 18 + 2 * ms.len() + 1);
         assert_eq!(p.last().map(|i| i.k), Some(NO_MEMBER));
-        assert!(p.len() <= 5 + 2 * (usize::from(MAX_PREFIX) + 1) + 1);
+        let run = |payload: &[u8]| crate::afpacket::tests::run_cbpf(&p, payload);
+        let bth = |qpn: u32| {
+            let mut d = vec![0u8; 80];
+            d[0] = 0x64;
+            d[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+            d
+        };
+        assert_eq!(run(&bth(0x03_0011)), 0, "prefix 3 is at position 0");
+        assert_eq!(run(&bth(0x00_0011)), 1);
+        assert_eq!(run(&bth(0x07_0011)), NO_MEMBER);
+        assert_eq!(run(&probe(5, 9)), 5);
+        // MADs to QP1: by the receiver's comm ID's top byte, or to prefix 0.
+        let mad = |attr: u16, request_id: u32, remote_comm_id: u32| {
+            let mut d = bth(1);
+            d[36..38].copy_from_slice(&attr.to_be_bytes());
+            d[44..48].copy_from_slice(&request_id.to_be_bytes());
+            d[48..52].copy_from_slice(&remote_comm_id.to_be_bytes());
+            d
+        };
+        assert_eq!(
+            run(&mad(0x0013, 0x0000_0001, 0x0312_3456)),
+            0,
+            "a REP for prefix 3"
+        );
+        assert_eq!(
+            run(&mad(0x0015, 0x0312_3456, 0x0012_3456)),
+            1,
+            "a DREQ for 0"
+        );
+        assert_eq!(run(&mad(0x0018, 0x03ab_cdef, 0)), 0, "a SIDR_REP for 3");
+        assert_eq!(run(&mad(0x0010, 0x0312_3456, 0)), 1, "a REQ: to prefix 0");
+        assert_eq!(
+            run(&mad(0x0017, 0x0312_3456, 0)),
+            1,
+            "a SIDR_REQ: to prefix 0"
+        );
+        assert_eq!(run(&mad(0x0014, 0, 0x0912_3456)), NO_MEMBER);
     }
 }

@@ -246,6 +246,8 @@ pub struct CmAgent<'a> {
     rx_tclass: u8,
     /// MADs dropped (not CM, malformed, unknown connection).
     pub dropped: u64,
+    /// The device's QPN prefix on a shared port (see `new_comm_id`).
+    prefix: Option<u8>,
 }
 
 impl std::fmt::Debug for CmAgent<'_> {
@@ -321,14 +323,15 @@ impl<'a> CmAgent<'a> {
     /// `sgid_index` (as `-x` / `-g` pick one for the other tools).
     pub fn new(ctx: &'a Context, pd: &'a ProtectionDomain, sgid_index: usize) -> Result<Self> {
         ctx.query_gid(sgid_index)?;
-        if let Some(p @ 1..) = ctx.qpn_prefix() {
-            // Datagrams on a shared port are steered by the destination QPN's
-            // top byte: every MAD (to QP1) goes to the device with prefix 0.
+        let prefix = ctx.qpn_prefix();
+        if let (Some(p @ 1..), false) = (prefix, ctx.backend() == "udp") {
+            // A raw device shares its interface's frames by the destination
+            // QPN's top byte: every MAD (to QP1) goes to the one with prefix 0.
             return Err(Error::Cm(format!(
-                "this device shares its port with another ferroce device of this host (its \
-                 QPNs carry prefix {p}); connection-manager MADs go to QP1, which only the \
-                 first device on the port hears. Run rdma_cm peers in separate network \
-                 namespaces (`sudo ferroce netns up 2`) or on separate hosts"
+                "this device shares its interface with another ferroce device of this host \
+                 (its QPNs carry prefix {p}); connection-manager MADs go to QP1, which only \
+                 the first raw device on the interface hears. Run rdma_cm peers in separate \
+                 network namespaces (`sudo ferroce netns up 2`) or use the UDP backend"
             )));
         }
         let cq = ctx.create_cq((2 * RECV_SLOTS) as u32)?;
@@ -374,6 +377,7 @@ impl<'a> CmAgent<'a> {
             inbox: VecDeque::new(),
             rx_tclass: 0,
             dropped: 0,
+            prefix,
         };
         for slot in 0..RECV_SLOTS {
             agent.post_recv(slot)?;
@@ -389,12 +393,32 @@ impl<'a> CmAgent<'a> {
         }])
     }
 
+    /// A local comm ID (or SIDR request ID). On a shared UDP port its top
+    /// byte is the device's QPN prefix: the port's steering program sends
+    /// MADs that name it (REP, RTU, DREQ, ..., SIDR_REP) to this device.
     fn new_comm_id(&self) -> u32 {
         loop {
-            let id = crate::device::seed_from_os() as u32;
+            let mut id = crate::device::seed_from_os() as u32;
+            if let Some(p) = self.prefix {
+                id = u32::from(p) << 24 | id & 0x00ff_ffff;
+            }
             if id != 0 && !self.conns.contains_key(&id) {
                 return id;
             }
+        }
+    }
+
+    /// Connection requests (REQ, SIDR_REQ) name no receiver: on a shared
+    /// port they reach the first device, with QPN prefix 0, alone.
+    fn can_listen(&self) -> Result<()> {
+        match self.prefix {
+            Some(p @ 1..) => Err(Error::Cm(format!(
+                "this device shares its UDP port with another ferroce device of this host \
+                 (its QPNs carry prefix {p}); connection requests reach only the first device \
+                 on the port: start the listening side first, or run the peers in separate \
+                 network namespaces (`sudo ferroce netns up 2`)"
+            ))),
+            _ => Ok(()),
         }
     }
 
@@ -871,6 +895,7 @@ impl<'a> CmAgent<'a> {
     /// rdma_get_request: the next connection request for `port` (rdma_cm's
     /// TCP port space), waiting up to `timeout`.
     pub fn get_request(&mut self, port: u16, timeout: Duration) -> Result<Request> {
+        self.can_listen()?;
         self.listen(port);
         if let Some(i) = self.pending.iter().position(|r| r.port == port) {
             return Ok(self.pending.remove(i));
@@ -1041,6 +1066,7 @@ impl<'a> CmAgent<'a> {
     /// rdma_get_request for a UD port: the next SIDR request for `port`,
     /// waiting up to `timeout`.
     pub fn get_ud_request(&mut self, port: u16, timeout: Duration) -> Result<UdRequest> {
+        self.can_listen()?;
         self.listen_ud(port);
         if let Some(i) = self.pending_ud.iter().position(|r| r.port == port) {
             return Ok(self.pending_ud.remove(i));

@@ -322,32 +322,72 @@ fn mckey_over_udp_on_loopback() {
     }
 }
 
-/// Two rdma_cm tools on one host sharing UDP port 4791 (no namespaces, no
-/// root): MADs go to QP1, which only the first device on the port hears, so
-/// the second says so at once instead of timing out.
+/// rdma_cm tools on one host sharing UDP port 4791 (no namespaces, no root):
+/// the port's steering program hands each MAD to the device whose comm ID it
+/// names, and requests to the first device; a listener that is not first
+/// says at once that requests will not reach it.
 #[test]
-fn a_second_device_on_a_shared_port_refuses_rdma_cm_at_once() {
+fn rdma_cm_tools_share_a_port_on_loopback() {
     let _turn = LOOPBACK.lock().unwrap_or_else(|p| p.into_inner());
-    let dev = ["--ib-dev", "lo", "--backend", "udp", "--timeout", "4"];
-    let server = Command::new(env!("CARGO_BIN_EXE_ferroce"))
-        .args(["rping", "-s"])
-        .args(dev)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+    let dev = ["--backend", "udp", "--timeout", "10"];
+    let tool = |args: &[&str], dev_flag: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ferroce"));
+        c.args(args)
+            .args([dev_flag, "lo"])
+            .args(dev)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    // rping: connection, READs and WRITEs, disconnection.
+    let server = tool(&["rping", "-s", "-v"], "--ib-dev")
         .spawn()
-        .expect("spawn server");
+        .expect("spawn");
     std::thread::sleep(Duration::from_millis(700));
+    // A second listener on the port: not the first device, so refused at once.
     let started = std::time::Instant::now();
-    let c = Command::new(env!("CARGO_BIN_EXE_ferroce"))
-        .args(["rping", "-c", "-a", "127.0.0.1", "-C", "1"])
-        .args(dev)
+    let second = tool(&["rping", "-s", "-p", "7175"], "--ib-dev")
         .output()
-        .expect("run client");
+        .expect("run second server");
     let quick = started.elapsed() < Duration::from_secs(3);
-    let _ = server.wait_with_output();
-    let t = text(&c);
+    let t = text(&second);
     assert!(
-        !c.status.success() && quick && t.contains("shares its port") && t.contains("netns up"),
+        !second.status.success() && quick && t.contains("start the listening side first"),
         "{t}"
     );
+    let c = tool(
+        &["rping", "-c", "-a", "127.0.0.1", "-v", "-V", "-C", "3"],
+        "--ib-dev",
+    )
+    .output()
+    .expect("run client");
+    let s = server.wait_with_output().expect("server");
+    for (side, o, prefix) in [
+        ("server", &s, "server ping data: rdma-ping-"),
+        ("client", &c, "ping data: rdma-ping-"),
+    ] {
+        let pings = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .count();
+        assert!(
+            o.status.success() && pings == 3,
+            "rping {side}: {}",
+            text(o)
+        );
+    }
+    // udaddy: SIDR_REQ to the first device, its SIDR_REP back to the second.
+    let server = tool(&["udaddy", "-C", "4"], "-d").spawn().expect("spawn");
+    std::thread::sleep(Duration::from_millis(700));
+    let c = tool(&["udaddy", "-s", "127.0.0.1", "-C", "4"], "-d")
+        .output()
+        .expect("run client");
+    let s = server.wait_with_output().expect("server");
+    for (side, o) in [("server", &s), ("client", &c)] {
+        assert!(
+            o.status.success() && text(o).contains("return status 0"),
+            "udaddy {side}: {}",
+            text(o)
+        );
+    }
 }
