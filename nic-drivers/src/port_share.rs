@@ -69,6 +69,9 @@ const DEST_QP_TOP: u32 = 5;
 // at data offset 4 (REP, RTU, DREQ, DREP, REJ, MRA: the remote comm ID), a
 // SIDR_REP its request ID at 0 (IBTA 12.6, 12.11).
 const GSI_QPN: u32 = 1;
+const MAD_CLASS: u32 = 20 + 1;
+// Management class of the connection manager (IBTA 13.4.4).
+const MAD_CLASS_CM: u32 = 0x07;
 const MAD_ATTR_ID: u32 = 20 + 16;
 const MAD_REQUEST_ID: u32 = 20 + 24;
 const MAD_REMOTE_COMM_ID: u32 = 20 + 28;
@@ -703,27 +706,30 @@ fn program(members: &[Member]) -> Vec<libc::sock_filter> {
     const RET_A: u16 = (libc::BPF_RET | libc::BPF_A) as u16;
     const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
     let ins = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
-    // The member switch starts at 18; JA's k is the instructions skipped.
-    const SWITCH: u32 = 18;
+    // The member switch starts at 20; JA's k is the instructions skipped.
+    const SWITCH: u32 = 20;
+    const PREFIX: u32 = 19;
     vec![
-        ins(LD_W_ABS, 0, 0, 0),                  // 0
-        ins(JEQ_K, 0, 2, PROBE_MAGIC),           // 1: a probe?
-        ins(LD_W_ABS, 0, 0, 4),                  // 2
-        ins(RET_A, 0, 0, 0),                     // 3: its position
-        ins(LD_W_ABS, 0, 0, 4),                  // 4: BTH word 1
-        ins(AND_K, 0, 0, 0x00FF_FFFF),           // 5: destination QP
-        ins(JEQ_K, 2, 0, GSI_QPN),               // 6: QP1 -> 9
-        ins(LD_B_ABS, 0, 0, DEST_QP_TOP),        // 7: its prefix
-        ins(JA, 0, 0, SWITCH - 9),               // 8
-        ins(LD_H_ABS, 0, 0, MAD_ATTR_ID),        // 9: the MAD's attribute
-        ins(JEQ_K, 4, 0, CM_SIDR_REP),           // 10: -> 15
-        ins(JEQ_K, 5, 0, CM_REQ),                // 11: -> 17
-        ins(JEQ_K, 4, 0, CM_SIDR_REQ),           // 12: -> 17
-        ins(LD_B_ABS, 0, 0, MAD_REMOTE_COMM_ID), // 13
-        ins(JA, 0, 0, SWITCH - 15),              // 14
-        ins(LD_B_ABS, 0, 0, MAD_REQUEST_ID),     // 15: a SIDR_REP's
-        ins(JA, 0, 0, SWITCH - 17),              // 16
-        ins(LD_IMM, 0, 0, 0),                    // 17: a request: prefix 0
+        ins(LD_W_ABS, 0, 0, 0),                          // 0
+        ins(JEQ_K, 0, 2, PROBE_MAGIC),                   // 1: a probe?
+        ins(LD_W_ABS, 0, 0, 4),                          // 2
+        ins(RET_A, 0, 0, 0),                             // 3: its position
+        ins(LD_W_ABS, 0, 0, 4),                          // 4: BTH word 1
+        ins(AND_K, 0, 0, 0x00FF_FFFF),                   // 5: destination QP
+        ins(JEQ_K, 0, (PREFIX - 7) as u8, GSI_QPN),      // 6: not QP1 -> 19
+        ins(LD_B_ABS, 0, 0, MAD_CLASS),                  // 7
+        ins(JEQ_K, 0, (PREFIX - 9) as u8, MAD_CLASS_CM), // 8: not CM -> 19
+        ins(LD_H_ABS, 0, 0, MAD_ATTR_ID),                // 9: the MAD's attribute
+        ins(JEQ_K, 4, 0, CM_SIDR_REP),                   // 10: -> 15
+        ins(JEQ_K, 5, 0, CM_REQ),                        // 11: -> 17
+        ins(JEQ_K, 4, 0, CM_SIDR_REQ),                   // 12: -> 17
+        ins(LD_B_ABS, 0, 0, MAD_REMOTE_COMM_ID),         // 13
+        ins(JA, 0, 0, SWITCH - 15),                      // 14
+        ins(LD_B_ABS, 0, 0, MAD_REQUEST_ID),             // 15: a SIDR_REP's
+        ins(JA, 0, 0, SWITCH - 17),                      // 16
+        ins(LD_IMM, 0, 0, 0),                            // 17: a request: prefix 0
+        ins(JA, 0, 0, SWITCH - 19),                      // 18
+        ins(LD_B_ABS, 0, 0, DEST_QP_TOP),                // 19: the QPN's prefix
     ]
     .into_iter()
     .chain(members.iter().flat_map(|m| {
@@ -899,8 +905,8 @@ mod tests {
             },
         ];
         let p = program(&ms);
-        // Header (18), two instructions a member, the fallback.
-        assert_eq!(p.len(), 18 + 2 * ms.len() + 1);
+        // Header (20), two instructions a member, the fallback.
+        assert_eq!(p.len(), 20 + 2 * ms.len() + 1);
         assert_eq!(p.last().map(|i| i.k), Some(NO_MEMBER));
         let run = |payload: &[u8]| crate::afpacket::tests::run_cbpf(&p, payload);
         let bth = |qpn: u32| {
@@ -916,6 +922,7 @@ mod tests {
         // MADs to QP1: by the receiver's comm ID's top byte, or to prefix 0.
         let mad = |attr: u16, request_id: u32, remote_comm_id: u32| {
             let mut d = bth(1);
+            d[21] = 0x07;
             d[36..38].copy_from_slice(&attr.to_be_bytes());
             d[44..48].copy_from_slice(&request_id.to_be_bytes());
             d[48..52].copy_from_slice(&remote_comm_id.to_be_bytes());
@@ -939,5 +946,9 @@ mod tests {
             "a SIDR_REQ: to prefix 0"
         );
         assert_eq!(run(&mad(0x0014, 0, 0x0912_3456)), NO_MEMBER);
+        // Not the CM's class: to QP1's prefix, 0, as any datagram by its QPN.
+        let mut other = mad(0x0013, 0, 0x0312_3456);
+        other[21] = 0x04;
+        assert_eq!(run(&other), 1);
     }
 }
