@@ -198,16 +198,7 @@ fn membership_socket(
     port: Option<u16>,
 ) -> Result<(OwnedFd, bool), NicError> {
     let v6 = group.is_ipv6();
-    let domain = if v6 { libc::AF_INET6 } else { libc::AF_INET };
-    // SAFETY: plain syscall with valid constants.
-    let fd = unsafe {
-        libc::socket(
-            domain,
-            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
-    };
-    let sock = sys::owned(fd, "socket(UDP, multicast)")?;
+    let sock = sys::udp_socket(v6, "socket(UDP, multicast)")?;
     let raw = sock.as_raw_fd();
     let one: libc::c_int = 1;
     let mut receives = false;

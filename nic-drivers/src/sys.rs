@@ -83,6 +83,20 @@ pub(crate) fn owned(fd: libc::c_int, op: &str) -> Result<OwnedFd, NicError> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// A non-blocking, close-on-exec UDP socket, IPv6 or IPv4.
+pub(crate) fn udp_socket(v6: bool, op: &str) -> Result<OwnedFd, NicError> {
+    let domain = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+    // SAFETY: plain syscall with valid constants.
+    let fd = unsafe {
+        libc::socket(
+            domain,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    owned(fd, op)
+}
+
 /// setsockopt with a plain value.
 pub(crate) fn setsockopt<T>(
     fd: RawFd,

@@ -448,16 +448,7 @@ impl UdpIo {
             return Err(NicError::Config(format!("udp {cfg:?}")));
         }
         let v6 = cfg.bind.is_ipv6();
-        let domain = if v6 { libc::AF_INET6 } else { libc::AF_INET };
-        // SAFETY: plain syscall with valid constants.
-        let fd = unsafe {
-            libc::socket(
-                domain,
-                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                0,
-            )
-        };
-        let sock = sys::owned(fd, "socket(UDP)")?;
+        let sock = sys::udp_socket(v6, "socket(UDP)")?;
         let raw = sock.as_raw_fd();
         let one: libc::c_int = 1;
         if v6 {
