@@ -1143,6 +1143,20 @@ fn roce_frames(pcap: &Path) -> Result<Vec<RoceFrame>, String> {
     Ok(v)
 }
 
+/// `frames` (`what`, for the error) came from both sides: two source addresses.
+fn from_both_sides(frames: &[RoceFrame], what: &str) -> Result<(), String> {
+    let mut sources: Vec<&[u8]> = frames.iter().map(|f| f.src.as_slice()).collect();
+    sources.sort();
+    sources.dedup();
+    if sources.len() != 2 {
+        return Err(format!(
+            "{what} from {} addresses in the capture, expected both sides'",
+            sources.len()
+        ));
+    }
+    Ok(())
+}
+
 /// Every message (BTH opcode `opcode`) of a run, both ways, carries the client's `-t`
 /// ([`TCLASS`]): udaddy's server answers with the traffic class the messages came with,
 /// ucmatose's takes it from the REQ's path.
@@ -1151,15 +1165,7 @@ fn messages_tos(pcap: &Path, opcode: u8) -> Result<String, String> {
         .into_iter()
         .filter(|f| f.opcode == opcode)
         .collect();
-    let mut sources: Vec<&[u8]> = msgs.iter().map(|f| f.src.as_slice()).collect();
-    sources.sort();
-    sources.dedup();
-    if sources.len() != 2 {
-        return Err(format!(
-            "messages (opcode {opcode:#04x}) from {} addresses, expected both sides'",
-            sources.len()
-        ));
-    }
+    from_both_sides(&msgs, &format!("messages (opcode {opcode:#04x})"))?;
     match msgs.iter().find(|f| f.tclass != TCLASS) {
         Some(f) => Err(format!(
             "a message from {:02x?} has TOS {}, expected {TCLASS}",
@@ -1187,15 +1193,7 @@ fn link_local_extra(o: &Outcome) -> Result<String, String> {
             f.src, f.dst
         ));
     }
-    let mut sources: Vec<&[u8]> = frames.iter().map(|f| f.src.as_slice()).collect();
-    sources.sort();
-    sources.dedup();
-    if sources.len() != 2 {
-        return Err(format!(
-            "frames from {} addresses, expected both sides'",
-            sources.len()
-        ));
-    }
+    from_both_sides(&frames, "frames")?;
     let seen = format!("all {} frames link-local IPv6", frames.len());
     Ok(if check.is_empty() {
         seen
@@ -1255,15 +1253,7 @@ fn rdma_cm_tos_extra(o: &Outcome) -> Result<String, String> {
         .into_iter()
         .filter(|f| (0x06..=0x0b).contains(&f.opcode))
         .collect();
-    let mut sources: Vec<&[u8]> = writes.iter().map(|f| f.src.as_slice()).collect();
-    sources.sort();
-    sources.dedup();
-    if sources.len() != 2 {
-        return Err(format!(
-            "RDMA WRITEs from {} addresses in the capture, expected both sides'",
-            sources.len()
-        ));
-    }
+    from_both_sides(&writes, "RDMA WRITEs")?;
     if let Some(f) = writes.iter().find(|f| f.tclass != TCLASS) {
         return Err(format!(
             "a WRITE from {:02x?} has TOS {}, expected {TCLASS}",
@@ -1281,15 +1271,7 @@ fn rdma_cm_tos_extra(o: &Outcome) -> Result<String, String> {
 fn tclass_extra(o: &Outcome) -> Result<String, String> {
     let check = perftest_extra(o)?;
     let frames = roce_frames(&o.pcap)?;
-    let mut sources: Vec<&[u8]> = frames.iter().map(|f| f.src.as_slice()).collect();
-    sources.sort();
-    sources.dedup();
-    if sources.len() != 2 {
-        return Err(format!(
-            "RoCE packets from {} addresses in the capture, expected both sides'",
-            sources.len()
-        ));
-    }
+    from_both_sides(&frames, "RoCE packets")?;
     if let Some(f) = frames.iter().find(|f| f.tclass != TCLASS) {
         return Err(format!(
             "a packet from {:02x?} has traffic class {}, expected {TCLASS}",

@@ -20,6 +20,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 
+use crate::netns;
 use crate::sys;
 use crate::NicError;
 
@@ -110,7 +111,7 @@ impl Memberships {
         let (ifindex, local_v4, port) = (self.ifindex, self.local_v4, self.receive_port);
         let open = move || membership_socket(group, ifindex, local_v4, port);
         let (sock, receives) = match &self.netns {
-            Some(ns) if !same_netns(ns) => in_netns(ns, open)?,
+            Some(ns) if !in_netns(ns) => netns::run_in(ns, open)??,
             _ => open()?,
         };
         self.groups.insert(
@@ -156,35 +157,13 @@ fn unmapped(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// Whether the calling thread is in the namespace `ns`.
-fn same_netns(ns: &File) -> bool {
-    let here = std::fs::metadata("/proc/thread-self/ns/net");
-    match (ns.metadata(), here) {
-        (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
-        _ => true,
+/// Whether the calling thread is in the namespace `ns` (taken as so when
+/// the namespace file cannot be read).
+fn in_netns(ns: &File) -> bool {
+    match ns.metadata() {
+        Ok(m) => m.ino() == netns::ns_ino(&["/proc/thread-self/ns/net"]),
+        Err(_) => true,
     }
-}
-
-/// Runs `f` on a scoped thread that entered namespace `ns` first.
-fn in_netns<R: Send>(
-    ns: &File,
-    f: impl FnOnce() -> Result<R, NicError> + Send,
-) -> Result<R, NicError> {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            // SAFETY: ns is an open netns file; setns changes only this
-            // thread's namespace, and the thread ends with the scope.
-            let r = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
-            sys::cvt(r, "setns")?;
-            f()
-        })
-        .join()
-        .unwrap_or_else(|_| {
-            Err(NicError::Unsupported(
-                "multicast join thread panicked".into(),
-            ))
-        })
-    })
 }
 
 /// A UDP socket that is a member of `group` on the interface, bound to

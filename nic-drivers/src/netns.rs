@@ -353,17 +353,36 @@ pub fn enter_and_run<R: Send + 'static>(
 ) -> Result<R, NicError> {
     let path = format!("/run/netns/{ns}");
     let file = std::fs::File::open(&path).map_err(|e| NicError::io(format!("open {path}"), e))?;
-    let h = std::thread::spawn(move || -> Result<R, NicError> {
-        // SAFETY: file is an open netns fd; setns only changes this thread's
-        // network namespace, which ends with the thread.
-        let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        crate::sys::cvt(r, "setns")?;
-        Ok(f())
-    });
-    match h.join() {
-        Ok(r) => r,
-        Err(p) => std::panic::resume_unwind(p),
-    }
+    run_in(&file, f)
+}
+
+/// Runs `f` on a fresh thread inside the network namespace `ns`, an open
+/// namespace file (`/run/netns/NAME`, or one a backend kept of its own).
+pub(crate) fn run_in<R: Send>(
+    ns: &std::fs::File,
+    f: impl FnOnce() -> R + Send,
+) -> Result<R, NicError> {
+    std::thread::scope(|s| {
+        let h = s.spawn(|| -> Result<R, NicError> {
+            // SAFETY: ns is an open netns fd; setns only changes this thread's
+            // network namespace, which ends with the thread.
+            let r = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+            crate::sys::cvt(r, "setns")?;
+            Ok(f())
+        });
+        match h.join() {
+            Ok(r) => r,
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    })
+}
+
+/// The inode of the first of `paths` (namespace links) that exists, or 0.
+pub(crate) fn ns_ino(paths: &[&str]) -> u64 {
+    paths
+        .iter()
+        .find_map(|p| std::fs::metadata(p).ok())
+        .map_or(0, |m| std::os::unix::fs::MetadataExt::ino(&m))
 }
 
 impl Drop for Topology {

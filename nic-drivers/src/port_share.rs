@@ -51,6 +51,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::netns::ns_ino;
 use crate::sys;
 use crate::NicError;
 
@@ -495,14 +496,6 @@ pub(crate) fn owner_stem(kind: &str) -> String {
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
     format!("ferroce-{kind}-{uid}-{pidns}-")
-}
-
-/// The inode of the first of `paths` (namespace links) that exists, or 0.
-fn ns_ino(paths: &[&str]) -> u64 {
-    paths
-        .iter()
-        .find_map(|p| std::fs::metadata(p).ok())
-        .map_or(0, |m| std::os::unix::fs::MetadataExt::ino(&m))
 }
 
 pub(crate) fn table_dir() -> PathBuf {

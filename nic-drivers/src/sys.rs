@@ -214,15 +214,20 @@ pub(crate) fn epoll_of(fds: &[RawFd]) -> Result<OwnedFd, NicError> {
         "epoll_create1",
     )?;
     for &fd in fds {
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: fd as u64,
-        };
-        // SAFETY: the caller's fds are open; ev is a valid epoll_event.
-        let r = unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
-        cvt(r, "epoll_ctl ADD")?;
+        epoll_add(&epoll, fd)?;
     }
     Ok(epoll)
+}
+
+/// Adds `fd` (open, to be polled for reading) to the epoll set `epoll`.
+pub(crate) fn epoll_add(epoll: &OwnedFd, fd: RawFd) -> Result<(), NicError> {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: fd as u64,
+    };
+    // SAFETY: both fds are open; ev is a valid epoll_event.
+    let r = unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    cvt(r, "epoll_ctl ADD").map(drop)
 }
 
 /// A timerfd used as a level-triggered "something is due" flag.

@@ -1180,20 +1180,7 @@ impl PacketIo for UdpIo {
         self.mcast.join(group)?;
         if let Some(fd) = self.mcast.receive_fd(group) {
             if !self.mcast_fds.contains(&fd) {
-                let mut ev = libc::epoll_event {
-                    events: libc::EPOLLIN as u32,
-                    u64: fd as u64,
-                };
-                // SAFETY: both fds are open; ev is a valid epoll_event.
-                let r = unsafe {
-                    libc::epoll_ctl(
-                        self.mcast_epoll.as_raw_fd(),
-                        libc::EPOLL_CTL_ADD,
-                        fd,
-                        &mut ev,
-                    )
-                };
-                sys::cvt(r, "epoll_ctl ADD multicast socket")?;
+                sys::epoll_add(&self.mcast_epoll, fd)?;
                 self.mcast_fds.push(fd);
             }
         }

@@ -11,9 +11,10 @@
 
 use std::net::{IpAddr, Ipv6Addr};
 
-use ferroce_stack::transport::MULTICAST_QPN;
+use ferroce_stack::transport::{is_multicast_gid, MULTICAST_QPN};
 
 use crate::cm::RDMA_UDP_QKEY;
+use crate::context::gid_of;
 use crate::error::{Error, Result};
 use crate::qp::QueuePair;
 
@@ -54,22 +55,12 @@ pub struct Joined {
 /// rdma_cm refuses them on RoCE v2 with ENOTSUPP; ibv_attach_mcast takes
 /// them, and so does ferroce).
 pub fn mgid_of(group: IpAddr) -> Result<Ipv6Addr> {
-    let group = match group {
-        IpAddr::V6(a) => a.to_ipv4_mapped().map_or(group, IpAddr::V4),
-        v4 => v4,
-    };
-    match group {
-        IpAddr::V4(a) if a.octets()[0] == 0 => Err(Error::Cm(format!(
-            "{a}: a zero-network address is no multicast group"
-        ))),
-        IpAddr::V4(a) if !a.is_multicast() => {
-            Err(Error::Cm(format!("{a} is not a multicast group")))
-        }
-        IpAddr::V4(a) => Ok(a.to_ipv6_mapped()),
-        IpAddr::V6(a) if !a.is_multicast() => {
-            Err(Error::Cm(format!("{a} is not a multicast group")))
-        }
-        IpAddr::V6(a) => Ok(a),
+    // 0.0.0.0/8 is no multicast group either: no check of its own.
+    let mgid = gid_of(group);
+    if is_multicast_gid(&mgid) {
+        Ok(mgid)
+    } else {
+        Err(Error::Cm(format!("{group} is not a multicast group")))
     }
 }
 
