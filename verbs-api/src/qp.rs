@@ -106,6 +106,7 @@ impl<'pd> QpBuilder<'pd> {
             pd: self.pd,
             qpn,
             qp_type: self.qp_type,
+            has_srq: self.srq.is_some(),
         })
     }
 }
@@ -191,6 +192,7 @@ pub struct QueuePair<'pd> {
     pd: &'pd ProtectionDomain,
     qpn: u32,
     qp_type: QpType,
+    has_srq: bool,
 }
 
 impl<'pd> QueuePair<'pd> {
@@ -199,6 +201,10 @@ impl<'pd> QueuePair<'pd> {
     }
     pub fn qp_type(&self) -> QpType {
         self.qp_type
+    }
+    /// Whether its receives come from a shared receive queue.
+    pub fn has_srq(&self) -> bool {
+        self.has_srq
     }
 
     /// ibv_modify_qp: the attributes named in `mask` are applied; missing

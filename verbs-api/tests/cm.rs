@@ -233,3 +233,116 @@ fn a_repeated_sidr_request_is_taken_once() {
         srv.join().unwrap();
     });
 }
+
+/// The event core: one thread drives both agents and sets up two
+/// connections at once (nothing waits for the peer), then one side's DREQ
+/// ends one and the other's the second; every step reports its event.
+#[test]
+fn events_set_up_two_connections_from_one_thread() {
+    use ferroce_verbs::cm::CmEvent;
+    let (cs, cc) = pair();
+    let (ps, pc) = (cs.alloc_pd(), cc.alloc_pd());
+    let mut srv = CmAgent::new(&cs, &ps, 0).unwrap();
+    let mut cli = CmAgent::new(&cc, &pc, 0).unwrap();
+    let (cqs, cqc) = (cs.create_cq(8).unwrap(), cc.create_cq(8).unwrap());
+    let sq: Vec<_> = (0..2)
+        .map(|_| {
+            ps.create_qp()
+                .qp_type(QpType::Rc)
+                .build(&cqs, &cqs)
+                .unwrap()
+        })
+        .collect();
+    let cq: Vec<_> = (0..2)
+        .map(|_| {
+            pc.create_qp()
+                .qp_type(QpType::Rc)
+                .build(&cqc, &cqc)
+                .unwrap()
+        })
+        .collect();
+    srv.listen(7471);
+    let dst: SocketAddr = "198.18.0.1:7471".parse().unwrap();
+    let ids: Vec<u32> = cq
+        .iter()
+        .map(|qp| {
+            qp.to_init(&Default::default()).unwrap();
+            cli.start_connect(qp.qpn(), dst, &ConnParam::default())
+                .unwrap()
+        })
+        .collect();
+    // Turns both agents until `want` events have come, in order.
+    let turn = |srv: &mut CmAgent<'_>, cli: &mut CmAgent<'_>, want: usize| {
+        let mut got = (Vec::new(), Vec::new());
+        let deadline = std::time::Instant::now() + T;
+        while got.0.len() + got.1.len() < want {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "events so far: {got:?}"
+            );
+            srv.wait_and_progress(Duration::from_millis(5)).unwrap();
+            cli.wait_and_progress(Duration::from_millis(5)).unwrap();
+            got.0.extend(srv.take_events());
+            got.1.extend(cli.take_events());
+        }
+        got
+    };
+    let (reqs, none) = turn(&mut srv, &mut cli, 2);
+    assert!(none.is_empty());
+    let mut server_conns = Vec::new();
+    for (ev, qp) in reqs.into_iter().zip(&sq) {
+        let CmEvent::Request(r) = ev else {
+            panic!("{ev:?}")
+        };
+        assert!(cq.iter().any(|q| q.qpn() == r.remote_qpn), "{r:?}");
+        server_conns.push(srv.start_accept(&r, qp, &ConnParam::default()).unwrap());
+    }
+    let (none, replies) = turn(&mut srv, &mut cli, 2);
+    assert!(none.is_empty());
+    let mut client_conns = Vec::new();
+    for ev in replies {
+        let CmEvent::Reply { id, rep } = ev else {
+            panic!("{ev:?}")
+        };
+        let i = ids.iter().position(|x| *x == id).unwrap();
+        client_conns.push(cli.finish_connect(id, &cq[i], &rep).unwrap());
+    }
+    let (est, none) = turn(&mut srv, &mut cli, 2);
+    assert!(none.is_empty());
+    for (ev, c) in est.iter().zip(&server_conns) {
+        assert!(
+            matches!(ev, CmEvent::Established { id } if *id == c.local_comm_id),
+            "{ev:?}"
+        );
+    }
+    // The client ends its first connection, the server the second.
+    assert!(cli.start_disconnect(client_conns[0].local_comm_id).unwrap());
+    let peer_of = |c: &ferroce_verbs::cm::Connection| {
+        server_conns
+            .iter()
+            .find(|s| s.remote_comm_id == c.local_comm_id)
+            .unwrap()
+            .local_comm_id
+    };
+    assert!(srv.start_disconnect(peer_of(&client_conns[1])).unwrap());
+    let (s, c) = turn(&mut srv, &mut cli, 4);
+    let ids_of = |v: &[CmEvent]| {
+        let mut ids: Vec<u32> = v
+            .iter()
+            .map(|e| match e {
+                CmEvent::Disconnected { id } => *id,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        ids.sort();
+        ids
+    };
+    let mut want_s = vec![peer_of(&client_conns[0]), peer_of(&client_conns[1])];
+    want_s.sort();
+    let mut want_c: Vec<u32> = client_conns.iter().map(|c| c.local_comm_id).collect();
+    want_c.sort();
+    assert_eq!(ids_of(&s), want_s);
+    assert_eq!(ids_of(&c), want_c);
+    // Ended: another DREQ is nothing to do.
+    assert!(!cli.start_disconnect(client_conns[0].local_comm_id).unwrap());
+}
