@@ -11,14 +11,16 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
 fi
-# ibverbs-compat: rdma-core's headers and libclang for bindgen; its tests run Debian's ibverbs-utils
-# and perftest against the library.
+# ibverbs-compat: rdma-core's headers and libclang for bindgen; its tests run Debian's ibverbs-utils,
+# rdmacm-utils and perftest against the library.
 need_rdma=()
 [ -f /usr/include/infiniband/verbs.h ] || need_rdma+=(libibverbs-dev)
+[ -f /usr/include/rdma/rdma_cma.h ] || need_rdma+=(librdmacm-dev)
 # libclang.so itself: a machine may have only libclang-cpp (another package's), which bindgen cannot use.
 ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || need_rdma+=(libclang-dev)
 command -v ibv_rc_pingpong >/dev/null 2>&1 || need_rdma+=(ibverbs-utils)
 command -v ib_write_bw >/dev/null 2>&1 || need_rdma+=(perftest)
+command -v rping >/dev/null 2>&1 || need_rdma+=(rdmacm-utils)
 # collectives' rdma-core feature (sideway's rdma-mummy-sys builds its shim with cmake); its tests
 # build it on demand.
 command -v cmake >/dev/null 2>&1 || need_rdma+=(cmake)

@@ -7,10 +7,11 @@ use std::path::PathBuf;
 fn main() {
     println!("cargo:rerun-if-changed=wrapper.h");
     println!("cargo:rerun-if-changed=/usr/include/infiniband/verbs.h");
+    println!("cargo:rerun-if-changed=/usr/include/rdma/rdma_cma.h");
     let bindings = bindgen::Builder::default()
         .header("wrapper.h")
-        .allowlist_type("ibv_.*|verbs_.*|_compat_ibv_port_attr|_ibv_device_ops")
-        .allowlist_var("IBV_.*|IB_.*")
+        .allowlist_type("ibv_.*|verbs_.*|_compat_ibv_port_attr|_ibv_device_ops|rdma_.*")
+        .allowlist_var("IBV_.*|IB_.*|RDMA_.*|RAI_.*")
         .default_enum_style(bindgen::EnumVariation::Consts)
         .prepend_enum_name(false)
         .derive_default(true)
@@ -19,7 +20,7 @@ fn main() {
         .generate_comments(false)
         .generate()
         .unwrap_or_else(|e| {
-            panic!("bindgen on <infiniband/verbs.h> failed (install libibverbs-dev and libclang-dev): {e}")
+            panic!("bindgen on <infiniband/verbs.h> failed (install libibverbs-dev, librdmacm-dev and libclang-dev): {e}")
         });
     let out = PathBuf::from(env::var("OUT_DIR").unwrap_or_else(|_| ".".into()));
     bindings

@@ -114,6 +114,18 @@ pub struct Context {
     pub(crate) shared: Arc<Shared>,
 }
 
+/// A reference to an open device that does not keep it open (see
+/// [`Context::downgrade`]).
+#[derive(Debug, Clone)]
+pub struct WeakContext(std::sync::Weak<Shared>);
+
+impl WeakContext {
+    /// The device, if something still holds it open.
+    pub fn upgrade(&self) -> Option<Context> {
+        self.0.upgrade().map(|shared| Context { shared })
+    }
+}
+
 /// Settings for [`Context::open`] beyond the device itself.
 #[derive(Debug, Clone, Copy)]
 pub struct OpenOptions {
@@ -131,6 +143,12 @@ impl Default for OpenOptions {
 }
 
 impl Context {
+    /// A reference that does not keep the device open: a registry of open
+    /// devices (the drop-in libibverbs shares one per interface) holds these.
+    pub fn downgrade(&self) -> WeakContext {
+        WeakContext(Arc::downgrade(&self.shared))
+    }
+
     /// Open a device on an interface of the calling thread's network namespace.
     pub fn open(cfg: &DeviceConfig, opts: OpenOptions) -> Result<Context> {
         let opened = device::open_io(cfg)?;

@@ -27,7 +27,7 @@ pub mod soak;
 pub mod srq;
 pub mod wc;
 
-pub use context::{Context, DeviceAttr, DeviceStats, OpenOptions, PortAttr};
+pub use context::{Context, DeviceAttr, DeviceStats, OpenOptions, PortAttr, WeakContext};
 pub use cq::CompletionQueue;
 pub use device::{Backend, DeviceConfig};
 pub use engine::EngineMode;

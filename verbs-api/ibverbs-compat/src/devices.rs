@@ -7,7 +7,7 @@ use std::ptr;
 use std::sync::OnceLock;
 
 use ferroce_verbs::device::{interfaces, Backend, DeviceConfig};
-use ferroce_verbs::{Context, OpenOptions};
+use ferroce_verbs::{Context, OpenOptions, WeakContext};
 
 use crate::ffi;
 use crate::handles::{fctx, leak, set_errno, FContext, FDevice};
@@ -111,7 +111,7 @@ fn find_devices() -> Vec<*mut FDevice> {
     out
 }
 
-fn devices() -> &'static [*mut FDevice] {
+pub(crate) fn devices() -> &'static [*mut FDevice] {
     &DEVICES.get_or_init(|| Devices(find_devices())).0
 }
 
@@ -176,6 +176,39 @@ pub unsafe extern "C" fn ibv_get_device_index(dev: *mut ffi::ibv_device) -> c_in
     unsafe { fdev(dev).index }
 }
 
+/// The devices open in this process, by interface.
+static OPEN: std::sync::Mutex<Vec<(String, WeakContext)>> = std::sync::Mutex::new(Vec::new());
+
+/// The ferroce device of interface `ifname`: the one already open in this
+/// process, else a new one. Contexts of one device share it, as two
+/// ibv_open_device calls on one RNIC share its QPN space; librdmacm's own
+/// context and the program's on the same interface are one device then.
+fn shared_context(ifname: &str) -> Result<Context, ()> {
+    let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+    open.retain(|(_, w)| w.upgrade().is_some());
+    if let Some(c) = open
+        .iter()
+        .find(|(n, _)| n == ifname)
+        .and_then(|(_, w)| w.upgrade())
+    {
+        return Ok(c);
+    }
+    let be = backend();
+    match Context::open(&DeviceConfig::new(ifname, be), OpenOptions::default()) {
+        Ok(c) => {
+            open.push((ifname.to_string(), c.downgrade()));
+            Ok(c)
+        }
+        Err(e) => {
+            eprintln!(
+                "ferroce libibverbs: cannot open {ifname} (backend {}): {e}",
+                be.name()
+            );
+            Err(())
+        }
+    }
+}
+
 /// # Safety
 /// `dev` is a device of this library.
 #[no_mangle]
@@ -186,15 +219,9 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     }
     // SAFETY: the caller passes a device of ibv_get_device_list.
     let d = unsafe { fdev(dev) };
-    let be = backend();
-    let ctx = match Context::open(&DeviceConfig::new(&d.ifname, be), OpenOptions::default()) {
+    let ctx = match shared_context(&d.ifname) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!(
-                "ferroce libibverbs: cannot open {} (backend {}): {e}",
-                d.ifname,
-                be.name()
-            );
+        Err(()) => {
             set_errno(libc::ENODEV);
             return ptr::null_mut();
         }
@@ -319,7 +346,7 @@ unsafe extern "C" fn query_device_ex(
     0
 }
 
-fn mtu_enum(bytes: u32) -> ffi::ibv_mtu {
+pub(crate) fn mtu_enum(bytes: u32) -> ffi::ibv_mtu {
     match bytes {
         0..=256 => ffi::IBV_MTU_256,
         257..=512 => ffi::IBV_MTU_512,

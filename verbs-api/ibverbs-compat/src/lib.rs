@@ -18,9 +18,14 @@ pub mod ffi;
 pub mod handles;
 pub mod misc;
 pub mod qp;
+pub mod rdmacm;
 pub mod resources;
 pub mod unsupported;
 pub mod wr_api;
 
-/// The version script the shared library is linked with.
-pub const VERSION_SCRIPT: &str = include_str!("../libibverbs.map");
+/// The version script the shared library is linked with: libibverbs's
+/// symbol versions, then librdmacm's (the library is both).
+pub const VERSION_SCRIPT: &str = concat!(
+    include_str!("../libibverbs.map"),
+    include_str!("../librdmacm.map")
+);

@@ -313,11 +313,27 @@ pub unsafe extern "C" fn ibv_query_qp(
     // SAFETY: live (caller).
     let q = unsafe { fqp(qp) };
     let mut a = *q.attr.lock().unwrap_or_else(|p| p.into_inner());
-    // The core's state may have moved on (to ERR, SQD drained...).
+    // The core's state may have moved on (to ERR, SQD drained...), and a
+    // QP rdma_cm connected was moved without ibv_modify_qp: the core's
+    // values stand (the address vector stays the one last given here).
     if let Ok(c) = q.qp.query() {
         a.qp_state = ibv_state(c.qp_state);
         a.cur_qp_state = a.qp_state;
         a.sq_draining = u8::from(c.sq_draining);
+        a.qkey = c.qkey;
+        a.rq_psn = c.rq_psn;
+        a.sq_psn = c.sq_psn;
+        a.dest_qp_num = c.dest_qp_num;
+        a.qp_access_flags = c.qp_access_flags.0;
+        a.path_mtu = crate::devices::mtu_enum(c.path_mtu);
+        a.pkey_index = c.pkey_index;
+        a.port_num = c.port_num;
+        a.timeout = c.timeout;
+        a.retry_cnt = c.retry_cnt;
+        a.rnr_retry = c.rnr_retry;
+        a.min_rnr_timer = c.min_rnr_timer;
+        a.max_rd_atomic = c.max_rd_atomic;
+        a.max_dest_rd_atomic = c.max_dest_rd_atomic;
     }
     a.cap = q.cap;
     // SAFETY: writable (caller).

@@ -3,7 +3,8 @@
 //!
 //! `cargo run --release -p ferroce-ibverbs-compat [-- <output dir>]` builds
 //! the static library and this tool, then writes `<output dir>/libibverbs.so.1`
-//! (default: the cargo target directory of the build, e.g. target/release).
+//! (default: the cargo target directory of the build, e.g. target/release)
+//! and `librdmacm.so.1`, a link to it (the library is librdmacm too).
 //! Run programs with `LD_LIBRARY_PATH=<output dir>`.
 
 use std::path::{Path, PathBuf};
@@ -91,6 +92,16 @@ fn main() -> ExitCode {
     if let Err(e) = std::fs::rename(&tmp, &so) {
         eprintln!("ferroce-libibverbs: {}: {e}", so.display());
         return ExitCode::FAILURE;
+    }
+    // librdmacm.so.1 is the same file: the loader maps a file once however
+    // it is named, so programs linked with both libraries get one instance.
+    let cm = out_dir.join("librdmacm.so.1");
+    if std::fs::read_link(&cm).ok().as_deref() != Some(Path::new("libibverbs.so.1")) {
+        let _ = std::fs::remove_file(&cm);
+        if let Err(e) = std::os::unix::fs::symlink("libibverbs.so.1", &cm) {
+            eprintln!("ferroce-libibverbs: {}: {e}", cm.display());
+            return ExitCode::FAILURE;
+        }
     }
     println!("{}", so.display());
     ExitCode::SUCCESS

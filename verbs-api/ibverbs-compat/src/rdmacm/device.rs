@@ -1,0 +1,435 @@
+//! One ferroce device as rdma_cm sees it: its context (shared by every ID
+//! on it, as librdmacm shares one ibv_context per device), its CM agent on
+//! QP1, and the thread that turns the agent's events into rdma_cm events.
+
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use ferroce_verbs::cm::{CmAgent, CmEvent, Connection, PeerOffer, UdPeer};
+use ferroce_verbs::ProtectionDomain;
+
+use super::channel::Event;
+use super::{CmId, Pending};
+use crate::ffi;
+use crate::handles::{fctx, fqp, FContext, FDevice};
+
+/// How long the service thread sleeps at most between looks at the agent.
+const IDLE_WAIT: Duration = Duration::from_millis(200);
+
+/// A device with its connection manager.
+pub struct CmDevice {
+    pub ifname: String,
+    /// The ibv_context every ID on the device reports (`id->verbs`).
+    pub verbs: *mut ffi::ibv_context,
+    pub agent: Mutex<CmAgent<'static>>,
+    /// Which ID each connection (or SIDR request) belongs to.
+    owners: Mutex<HashMap<u32, Arc<CmId>>>,
+    /// Listening IDs by (port, UDP port space).
+    listeners: Mutex<HashMap<(u16, bool), Arc<CmId>>>,
+    /// Held while events are handed out, so one ID's come in order.
+    dispatching: Mutex<()>,
+    /// The PD of QPs made without one (librdmacm's per-device PD).
+    default_pd: OnceLock<usize>,
+}
+
+// SAFETY: `verbs` names a context that is never closed; everything else is
+// behind locks.
+unsafe impl Send for CmDevice {}
+// SAFETY: as above.
+unsafe impl Sync for CmDevice {}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+static OPEN: Mutex<Vec<&'static CmDevice>> = Mutex::new(Vec::new());
+
+/// The device on interface `fdev`, opened (with its agent and thread) on first use.
+fn open(fdev: *mut FDevice) -> Result<&'static CmDevice, c_int> {
+    // SAFETY: devices of the list live for the process.
+    let ifname = unsafe { (*fdev).ifname.clone() };
+    let mut open = lock(&OPEN);
+    if let Some(d) = open.iter().find(|d| d.ifname == ifname) {
+        return Ok(d);
+    }
+    // SAFETY: a device of this library's list.
+    let verbs = unsafe { crate::devices::ibv_open_device(fdev as *mut ffi::ibv_device) };
+    if verbs.is_null() {
+        return Err(libc::ENODEV);
+    }
+    // SAFETY: just opened; never closed (librdmacm keeps its devices open too).
+    let f: &'static FContext = unsafe { fctx(verbs) };
+    let pd: &'static ProtectionDomain = Box::leak(Box::new(f.ctx.alloc_pd()));
+    let sgid = f
+        .ctx
+        .gids()
+        .iter()
+        .position(|g| g.to_ipv4_mapped().is_some())
+        .unwrap_or(0);
+    let agent = CmAgent::new(&f.ctx, pd, sgid).map_err(|e| {
+        eprintln!("ferroce librdmacm: {ifname}: {e}");
+        crate::handles::errno_of(&e)
+    })?;
+    let dev: &'static CmDevice = Box::leak(Box::new(CmDevice {
+        ifname,
+        verbs,
+        agent: Mutex::new(agent),
+        owners: Mutex::new(HashMap::new()),
+        listeners: Mutex::new(HashMap::new()),
+        dispatching: Mutex::new(()),
+        default_pd: OnceLock::new(),
+    }));
+    let spawned = std::thread::Builder::new()
+        .name(format!("ferroce-cm-{}", dev.ifname))
+        .spawn(move || dev.serve());
+    if let Err(e) = spawned {
+        eprintln!("ferroce librdmacm: {}: no CM thread: {e}", dev.ifname);
+        return Err(libc::EAGAIN);
+    }
+    open.push(dev);
+    Ok(dev)
+}
+
+/// The device holding `ip` (one of its interface's addresses).
+pub fn for_ip(ip: IpAddr) -> Result<&'static CmDevice, c_int> {
+    let gid = ferroce_verbs::context::gid_of(ip);
+    let ifaces = ferroce_verbs::device::interfaces().map_err(|_| libc::ENODEV)?;
+    for &d in crate::devices::devices() {
+        // SAFETY: devices of the list live for the process.
+        let name = unsafe { &(*d).ifname };
+        let has = ifaces.iter().any(|i| {
+            &i.name == name
+                && i.addrs
+                    .iter()
+                    .any(|a| ferroce_verbs::context::gid_of(a.ip) == gid)
+        });
+        if has {
+            return open(d);
+        }
+    }
+    Err(libc::ENODEV)
+}
+
+/// Every device of the list (a wildcard bind listens on all).
+pub fn all() -> Vec<&'static CmDevice> {
+    crate::devices::devices()
+        .iter()
+        .filter_map(|&d| open(d).ok())
+        .collect()
+}
+
+/// The connection parameters of an event from what the peer offered.
+fn conn_param(o: &PeerOffer, qpn: u32) -> ffi::rdma_conn_param {
+    ffi::rdma_conn_param {
+        responder_resources: o.responder_resources,
+        initiator_depth: o.initiator_depth,
+        flow_control: u8::from(o.flow_control),
+        retry_count: o.retry_count,
+        rnr_retry_count: o.rnr_retry_count,
+        srq: u8::from(o.srq),
+        qp_num: qpn,
+        ..Default::default()
+    }
+}
+
+impl CmDevice {
+    /// The agent, locked.
+    pub fn agent(&self) -> MutexGuard<'_, CmAgent<'static>> {
+        lock(&self.agent)
+    }
+
+    /// Events of connection `comm_id` go to `id` (called with the agent
+    /// held, so no event of it can be handed out before).
+    pub fn own(&self, comm_id: u32, id: &Arc<CmId>) {
+        lock(&self.owners).insert(comm_id, Arc::clone(id));
+    }
+
+    pub fn disown(&self, comm_id: u32) {
+        lock(&self.owners).remove(&comm_id);
+    }
+
+    /// Requests for `port` go to `id`; false when another ID listens there.
+    pub fn add_listener(&self, port: u16, ud: bool, id: &Arc<CmId>) -> bool {
+        let mut l = lock(&self.listeners);
+        if l.contains_key(&(port, ud)) {
+            return false;
+        }
+        l.insert((port, ud), Arc::clone(id));
+        true
+    }
+
+    pub fn remove_listener(&self, port: u16, ud: bool) {
+        lock(&self.listeners).remove(&(port, ud));
+    }
+
+    /// Whether a listener holds `port` (rdma_bind_addr's EADDRINUSE).
+    pub fn port_taken(&self, port: u16, ud: bool) -> bool {
+        lock(&self.listeners).contains_key(&(port, ud))
+    }
+
+    /// The device's default PD (made on first use).
+    pub fn default_pd(&self) -> *mut ffi::ibv_pd {
+        *self.default_pd.get_or_init(|| {
+            // SAFETY: our live context.
+            unsafe { crate::resources::ibv_alloc_pd(self.verbs) as usize }
+        }) as *mut ffi::ibv_pd
+    }
+
+    /// The service thread: sleeps on QP1's completion queue (or until the
+    /// next resend is due) and hands out what happened.
+    fn serve(&'static self) {
+        let cq = self.agent().completion_queue();
+        loop {
+            self.pump();
+            let wait = self
+                .agent()
+                .next_timer()
+                .map_or(IDLE_WAIT, |t| t.saturating_duration_since(Instant::now()))
+                .min(IDLE_WAIT);
+            if !wait.is_zero() {
+                let _ = cq.wait(wait);
+            }
+        }
+    }
+
+    /// Runs the agent and hands its events to their IDs. Called by the
+    /// service thread, and by calls that may have taken MADs off QP1 into
+    /// the agent's inbox (so they are handled now, not at the next wake).
+    pub fn pump(&'static self) {
+        let _order = lock(&self.dispatching);
+        let events = {
+            let mut a = self.agent();
+            if let Err(e) = a.progress() {
+                eprintln!("ferroce librdmacm: {}: {e}", self.ifname);
+            }
+            a.take_events()
+        };
+        for ev in events {
+            self.dispatch(ev);
+        }
+    }
+
+    fn owner(&self, comm_id: u32) -> Option<Arc<CmId>> {
+        lock(&self.owners).get(&comm_id).cloned()
+    }
+
+    fn dispatch(&'static self, ev: CmEvent) {
+        match ev {
+            CmEvent::Request(r) => {
+                let Some(listener) = lock(&self.listeners).get(&(r.port, false)).cloned() else {
+                    let _ = self
+                        .agent()
+                        .reject(&r, ferroce_verbs::cm::REJ_INVALID_SERVICE_ID);
+                    return;
+                };
+                let (private, param) = (r.private_data.clone(), conn_param(&r.offer, r.remote_qpn));
+                let local = r.local_gid();
+                let local_ip = local.to_ipv4_mapped().map_or(IpAddr::V6(local), IpAddr::V4);
+                let child = super::id::child_of(&listener, self, local_ip, r.port, r.peer);
+                child.state().request = Some(Pending::Rc(r));
+                let ev = Event::new(
+                    &listener,
+                    child.handle(),
+                    ffi::RDMA_CM_EVENT_CONNECT_REQUEST,
+                    0,
+                )
+                .with_conn(param, &private);
+                listener.report(with_listener(ev, &listener));
+            }
+            CmEvent::UdRequest(r) => {
+                let Some(listener) = lock(&self.listeners).get(&(r.port, true)).cloned() else {
+                    let _ = self
+                        .agent()
+                        .reject_ud(&r, ferroce_stack::wire::mad::sidr_status::UNSUPPORTED);
+                    return;
+                };
+                let private = r.private_data.clone();
+                let local_ip = self
+                    .agent()
+                    .local_ip_towards(ferroce_verbs::context::gid_of(r.peer.ip()));
+                let Ok(local_ip) = local_ip else {
+                    return;
+                };
+                let child = super::id::child_of(&listener, self, local_ip, r.port, r.peer);
+                child.state().request = Some(Pending::Ud(r));
+                let ev = Event::new(
+                    &listener,
+                    child.handle(),
+                    ffi::RDMA_CM_EVENT_CONNECT_REQUEST,
+                    0,
+                )
+                .with_ud(ffi::rdma_ud_param::default(), &private);
+                listener.report(with_listener(ev, &listener));
+            }
+            CmEvent::Reply { id, rep } => {
+                let Some(owner) = self.owner(id) else {
+                    return;
+                };
+                let mut st = owner.state();
+                // SAFETY: the ID's QP, if any, is live while the ID is.
+                let qp = unsafe { (*owner.c()).qp };
+                if qp.is_null() {
+                    // The program moves its QP and calls rdma_establish.
+                    let param = conn_param(
+                        &PeerOffer {
+                            responder_resources: rep.responder_resources,
+                            initiator_depth: rep.initiator_depth,
+                            flow_control: rep.end_to_end_flow_control,
+                            retry_count: 0,
+                            rnr_retry_count: rep.rnr_retry_count,
+                            srq: rep.srq,
+                        },
+                        rep.local_qpn,
+                    );
+                    let private = rep.private_data.to_vec();
+                    st.reply = Some(rep);
+                    drop(st);
+                    let ev = Event::new(
+                        &owner,
+                        owner.handle(),
+                        ffi::RDMA_CM_EVENT_CONNECT_RESPONSE,
+                        0,
+                    )
+                    .with_conn(param, &private);
+                    owner.report(ev);
+                    return;
+                }
+                // SAFETY: a QP of this library.
+                let fq = unsafe { fqp(qp) };
+                let done = self.agent().finish_connect(id, &fq.qp, &rep);
+                match done {
+                    Ok(conn) => {
+                        let ev = established(&owner, &conn);
+                        st.conn = Some(conn);
+                        drop(st);
+                        owner.report(ev);
+                    }
+                    Err(e) => {
+                        eprintln!("ferroce librdmacm: connecting: {e}");
+                        drop(st);
+                        let ev = Event::new(
+                            &owner,
+                            owner.handle(),
+                            ffi::RDMA_CM_EVENT_CONNECT_ERROR,
+                            -libc::EINVAL,
+                        );
+                        owner.report(ev);
+                    }
+                }
+            }
+            CmEvent::Established { id } => {
+                let Some(owner) = self.owner(id) else {
+                    return;
+                };
+                let ev = Event::new(&owner, owner.handle(), ffi::RDMA_CM_EVENT_ESTABLISHED, 0);
+                owner.report(ev);
+            }
+            CmEvent::Rejected {
+                id,
+                reason,
+                private_data,
+            } => {
+                let Some(owner) = self.owner(id) else {
+                    return;
+                };
+                self.disown(id);
+                let ev = Event::new(
+                    &owner,
+                    owner.handle(),
+                    ffi::RDMA_CM_EVENT_REJECTED,
+                    c_int::from(reason),
+                )
+                .with_conn(ffi::rdma_conn_param::default(), &private_data);
+                owner.report(ev);
+            }
+            CmEvent::TimedOut { id } => {
+                let Some(owner) = self.owner(id) else {
+                    return;
+                };
+                self.disown(id);
+                owner.report(Event::new(
+                    &owner,
+                    owner.handle(),
+                    ffi::RDMA_CM_EVENT_UNREACHABLE,
+                    -libc::ETIMEDOUT,
+                ));
+            }
+            CmEvent::UdResolved { id, peer } => {
+                let Some(owner) = self.owner(id) else {
+                    return;
+                };
+                self.disown(id);
+                let ud = self.ud_param(&owner, &peer);
+                let ev = Event::new(&owner, owner.handle(), ffi::RDMA_CM_EVENT_ESTABLISHED, 0)
+                    .with_ud(ud, &peer.private_data);
+                owner.report(ev);
+            }
+            CmEvent::UdRefused { id, status } => {
+                let Some(owner) = self.owner(id) else {
+                    return;
+                };
+                self.disown(id);
+                owner.report(Event::new(
+                    &owner,
+                    owner.handle(),
+                    ffi::RDMA_CM_EVENT_UNREACHABLE,
+                    c_int::from(status),
+                ));
+            }
+            CmEvent::Disconnected { id } => {
+                let Some(owner) = self.owner(id) else {
+                    return;
+                };
+                owner.report(Event::new(
+                    &owner,
+                    owner.handle(),
+                    ffi::RDMA_CM_EVENT_DISCONNECTED,
+                    0,
+                ));
+            }
+        }
+    }
+
+    /// An address handle's attributes towards `gid` from `id`'s source
+    /// (as rdma_cm's route gives them: global, hop limit 64, the ID's TOS).
+    pub fn ah_attr(&self, id: &CmId, gid: std::net::Ipv6Addr, hop_limit: u8) -> ffi::ibv_ah_attr {
+        let st = id.state();
+        // SAFETY: a context of this library.
+        let f = unsafe { fctx(self.verbs) };
+        let sgid_index = ferroce_verbs::cm::source_gid_index(&f.ctx, 0, gid);
+        let mut ah = ffi::ibv_ah_attr {
+            is_global: 1,
+            port_num: 1,
+            ..Default::default()
+        };
+        ah.grh.dgid = ffi::ibv_gid { raw: gid.octets() };
+        ah.grh.sgid_index = sgid_index as u8;
+        ah.grh.hop_limit = hop_limit;
+        ah.grh.traffic_class = st.tos;
+        ah
+    }
+
+    fn ud_param(&self, id: &CmId, peer: &UdPeer) -> ffi::rdma_ud_param {
+        ffi::rdma_ud_param {
+            ah_attr: self.ah_attr(id, peer.peer_gid, ferroce_verbs::multicast::JOIN_HOP_LIMIT),
+            qp_num: peer.qpn,
+            qkey: peer.qkey,
+            ..Default::default()
+        }
+    }
+}
+
+/// The listen ID named in a connect request's event.
+fn with_listener(mut ev: Box<Event>, listener: &Arc<CmId>) -> Box<Event> {
+    ev.c.listen_id = listener.handle();
+    ev
+}
+
+/// RDMA_CM_EVENT_ESTABLISHED of an active side, with the REP's terms.
+pub fn established(owner: &Arc<CmId>, conn: &Connection) -> Box<Event> {
+    Event::new(owner, owner.handle(), ffi::RDMA_CM_EVENT_ESTABLISHED, 0)
+        .with_conn(conn_param(&conn.offer, conn.remote_qpn), &conn.private_data)
+}

@@ -1,0 +1,1431 @@
+//! The rdma_cm ID calls: addressing, listening, connecting, accepting,
+//! disconnecting, the QP and SRQ helpers, and librdmacm's synchronous
+//! `rdma_create_ep` / `rdma_get_request` API.
+
+use std::ffi::{c_int, c_void};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::ptr;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+
+use ferroce_verbs::cm::{self, ConnParam, REJ_CONSUMER_DEFINED};
+use ferroce_verbs::multicast::{self, JoinKind};
+use ferroce_verbs::ConnectOptions;
+
+use super::addr::{self, from_c};
+use super::channel::{self, Channel, Event};
+use super::device::{self, CmDevice};
+use super::{fail, id_arc, CmId, IdState, Pending};
+use crate::ffi;
+use crate::handles::{errno_of, fctx, fqp, set_errno};
+
+/// The ephemeral ports rdma_cm hands out (the kernel's local port range).
+static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+
+fn ephemeral_port() -> u16 {
+    let n = NEXT_PORT.fetch_add(1, Ordering::Relaxed);
+    // 32768..61000 as ip_local_port_range's default, from a per-process start.
+    32768
+        + ((std::process::id() as u16)
+            .wrapping_mul(7919)
+            .wrapping_add(n))
+            % 28232
+}
+
+/// The ID behind a handle, or EINVAL.
+unsafe fn get(id: *mut ffi::rdma_cm_id) -> Result<Arc<CmId>, c_int> {
+    if id.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller passes a live ID of this library.
+    Ok(unsafe { id_arc(id) })
+}
+
+fn done(r: Result<(), c_int>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => fail(e),
+    }
+}
+
+/// A new ID with `channel` (NULL: synchronous, with a channel of its own).
+fn new_id(
+    channel: *mut ffi::rdma_event_channel,
+    context: *mut c_void,
+    ps: ffi::rdma_port_space,
+    qp_type: ffi::ibv_qp_type,
+) -> Result<Arc<CmId>, c_int> {
+    let c = ffi::rdma_cm_id {
+        channel,
+        context,
+        ps,
+        qp_type,
+        // SAFETY: all-zero bytes are a valid route (no addresses yet).
+        route: unsafe { std::mem::zeroed() },
+        ..Default::default()
+    };
+    let id = CmId::new(c);
+    if channel.is_null() {
+        make_sync(&id)?;
+    }
+    Ok(id)
+}
+
+/// Gives `id` a channel of its own: its calls then wait for their events.
+fn make_sync(id: &Arc<CmId>) -> Result<(), c_int> {
+    let ch = Channel::new().ok_or(libc::EMFILE)?;
+    let mut st = id.state();
+    // SAFETY: `st` held; the channel lives in the state as long as the ID.
+    unsafe { (*id.c()).channel = ptr::addr_of!(ch.c) as *mut ffi::rdma_event_channel };
+    st.own_channel = Some(ch);
+    Ok(())
+}
+
+/// A listener's child for a connection request: the listener's channel,
+/// context and port space, the request's addresses.
+pub fn child_of(
+    listener: &Arc<CmId>,
+    dev: &'static CmDevice,
+    local_ip: IpAddr,
+    port: u16,
+    peer: SocketAddr,
+) -> Arc<CmId> {
+    // SAFETY: the listener is live (it owns the requests made for it).
+    let l = unsafe { &*listener.c() };
+    let c = ffi::rdma_cm_id {
+        channel: l.channel,
+        context: l.context,
+        ps: l.ps,
+        qp_type: l.qp_type,
+        // SAFETY: all-zero bytes are a valid route.
+        route: unsafe { std::mem::zeroed() },
+        ..Default::default()
+    };
+    let id = CmId::new(c);
+    {
+        let mut st = id.state();
+        st.dev = Some(dev);
+        st.src = Some(SocketAddr::new(local_ip, port));
+        st.dst = Some(peer);
+        st.tos = listener.state().tos;
+        id.publish(&st);
+    }
+    // The program's reference, dropped by rdma_destroy_id.
+    let _ = Arc::into_raw(Arc::clone(&id));
+    id
+}
+
+/// A synchronous ID's wait for the event its call caused (librdmacm's
+/// `ucma_complete`): the previous event is acknowledged, the new one kept
+/// in `id->event`; a failed event fails the call.
+fn complete(id: &Arc<CmId>) -> Result<(), c_int> {
+    let ch = {
+        let st = id.state();
+        match &st.own_channel {
+            Some(ch) => &**ch as *const Channel,
+            None => return Ok(()),
+        }
+    };
+    // SAFETY: the ID's own event (or NULL); acknowledged once.
+    unsafe {
+        let prev = (*id.c()).event;
+        if !prev.is_null() {
+            (*id.c()).event = ptr::null_mut();
+            channel::rdma_ack_cm_event(prev);
+        }
+    }
+    // SAFETY: the ID's own channel lives as long as the ID.
+    let ev = unsafe { &*ch }.pop()?;
+    let (kind, status) = (ev.c.event, ev.c.status);
+    // SAFETY: kept for the program until the next call acknowledges it.
+    unsafe { (*id.c()).event = Box::into_raw(ev) as *mut ffi::rdma_cm_event };
+    match status {
+        0 => Ok(()),
+        _ if kind == ffi::RDMA_CM_EVENT_REJECTED => Err(libc::ECONNREFUSED),
+        s if s < 0 => Err(-s),
+        s => Err(s),
+    }
+}
+
+/// rdma_create_id.
+///
+/// # Safety
+/// `channel` is NULL or live; `id` writable.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_id(
+    channel: *mut ffi::rdma_event_channel,
+    id: *mut *mut ffi::rdma_cm_id,
+    context: *mut c_void,
+    ps: ffi::rdma_port_space,
+) -> c_int {
+    let qp_type = match ps {
+        ffi::RDMA_PS_TCP => ffi::IBV_QPT_RC,
+        ffi::RDMA_PS_UDP | ffi::RDMA_PS_IPOIB => ffi::IBV_QPT_UD,
+        _ => return fail(libc::EINVAL),
+    };
+    if id.is_null() {
+        return fail(libc::EINVAL);
+    }
+    match new_id(channel, context, ps, qp_type) {
+        Ok(new) => {
+            // SAFETY: the caller's out pointer; the program holds a reference.
+            unsafe { *id = Arc::into_raw(new) as *mut ffi::rdma_cm_id };
+            0
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// rdma_destroy_id: waits for the ID's events to be acknowledged, stops
+/// listening, sends a connected ID's DREQ (as the kernel does for an ID
+/// closed while connected), and frees it.
+///
+/// # Safety
+/// `id` is live and not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_id(id: *mut ffi::rdma_cm_id) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let Ok(me) = (unsafe { get(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    // SAFETY: a synchronous ID's last event is its own to acknowledge.
+    unsafe {
+        let prev = (*me.c()).event;
+        if !prev.is_null() && me.state().own_channel.is_some() {
+            (*me.c()).event = ptr::null_mut();
+            channel::rdma_ack_cm_event(prev);
+        }
+    }
+    // Events not taken yet go with the ID; those taken must be acknowledged.
+    // SAFETY: the ID's channel is live (its own, or the program's, which
+    // outlives its IDs).
+    let ch = unsafe { (*me.c()).channel };
+    if !ch.is_null() {
+        // SAFETY: as above.
+        unsafe { channel::channel(ch) }.purge(Arc::as_ptr(&me));
+    }
+    me.wait_acked();
+    let pump = {
+        let mut st = me.state();
+        st.destroyed = true;
+        let ud = st.request.is_some() && matches!(st.request, Some(Pending::Ud(_)));
+        for (dev, port) in st.listening.drain(..) {
+            let udp = me_ps(&me) == ffi::RDMA_PS_UDP;
+            dev.remove_listener(port, udp);
+            dev.agent().unlisten(port, udp);
+        }
+        let _ = ud;
+        if let (Some(dev), Some(cid)) = (st.dev, st.comm_id) {
+            let mut a = dev.agent();
+            if st.conn.is_some() {
+                let _ = a.start_disconnect(cid);
+            }
+            a.forget(cid);
+            drop(a);
+            dev.disown(cid);
+        }
+        if let Some(Pending::Rc(r)) = st.request.take() {
+            // A request never answered is refused, as the kernel's rdma_cm
+            // does when the new ID is destroyed.
+            if let Some(dev) = st.dev {
+                let _ = dev.agent().reject(&r, REJ_CONSUMER_DEFINED);
+            }
+        }
+        st.dev
+    };
+    if let Some(dev) = pump {
+        dev.pump();
+    }
+    // SAFETY: the program's reference, taken in rdma_create_id / child_of.
+    drop(unsafe { Arc::from_raw(id as *const CmId) });
+    0
+}
+
+fn me_ps(id: &CmId) -> ffi::rdma_port_space {
+    // SAFETY: `ps` is set at creation and never changes.
+    unsafe { (*id.c()).ps }
+}
+
+/// rdma_bind_addr: the ID's source address, and with it its device (none
+/// yet for a wildcard address: it listens on every device). Port 0 takes
+/// an ephemeral port.
+///
+/// # Safety
+/// `id` is live; `addr` a readable socket address.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_bind_addr(
+    id: *mut ffi::rdma_cm_id,
+    addr: *mut ffi::sockaddr,
+) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let r = unsafe { get(id) }.and_then(|me| {
+        // SAFETY: as the caller guarantees.
+        let a = unsafe { from_c(addr as *const libc::sockaddr) }.ok_or(libc::EAFNOSUPPORT)?;
+        bind(&me, a)
+    });
+    done(r)
+}
+
+fn bind(me: &Arc<CmId>, mut a: SocketAddr) -> Result<(), c_int> {
+    let udp = me_ps(me) == ffi::RDMA_PS_UDP;
+    let dev = if a.ip().is_unspecified() {
+        None
+    } else {
+        Some(device::for_ip(a.ip()).map_err(|_| libc::EADDRNOTAVAIL)?)
+    };
+    if a.port() == 0 {
+        a.set_port(ephemeral_port());
+    } else {
+        let devs = dev.map_or_else(device::all, |d| vec![d]);
+        if devs.iter().any(|d| d.port_taken(a.port(), udp)) {
+            return Err(libc::EADDRINUSE);
+        }
+    }
+    let mut st = me.state();
+    st.dev = dev;
+    st.src = Some(a);
+    me.publish(&st);
+    Ok(())
+}
+
+/// rdma_resolve_addr: the device and source address towards `dst` (the
+/// routing table's when no source is given or bound); ADDR_RESOLVED follows.
+///
+/// # Safety
+/// `id` is live; `src` NULL or readable; `dst` readable.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_resolve_addr(
+    id: *mut ffi::rdma_cm_id,
+    src: *mut ffi::sockaddr,
+    dst: *mut ffi::sockaddr,
+    _timeout_ms: c_int,
+) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let me = match unsafe { get(id) } {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    // SAFETY: as the caller guarantees.
+    let (src, dst) = unsafe {
+        (
+            from_c(src as *const libc::sockaddr),
+            from_c(dst as *const libc::sockaddr),
+        )
+    };
+    let Some(dst) = dst else {
+        return fail(libc::EINVAL);
+    };
+    let r = (|| {
+        let bound = me.state().src;
+        let src_ip = match src.or(bound) {
+            Some(s) if !s.ip().is_unspecified() => s.ip(),
+            _ => addr::route_source(dst.ip())
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::ENETUNREACH))?,
+        };
+        let dev = device::for_ip(src_ip)?;
+        let port = src
+            .or(bound)
+            .map(|s| s.port())
+            .filter(|p| *p != 0)
+            .unwrap_or_else(ephemeral_port);
+        let mut st = me.state();
+        st.dev = Some(dev);
+        st.src = Some(SocketAddr::new(src_ip, port));
+        st.dst = Some(dst);
+        me.publish(&st);
+        Ok(())
+    })();
+    match r {
+        Ok(()) => {
+            me.report(Event::new(
+                &me,
+                me.handle(),
+                ffi::RDMA_CM_EVENT_ADDR_RESOLVED,
+                0,
+            ));
+            done(complete(&me))
+        }
+        // No device for the source: librdmacm's call fails (ENODEV).
+        Err(e) => fail(e),
+    }
+}
+
+/// rdma_resolve_route: the path to the destination (its neighbour must
+/// resolve); ROUTE_RESOLVED or ROUTE_ERROR follows.
+///
+/// # Safety
+/// `id` is live.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_resolve_route(id: *mut ffi::rdma_cm_id, _timeout_ms: c_int) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let me = match unsafe { get(id) } {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    let status = {
+        let mut st = me.state();
+        let (Some(dev), Some(dst)) = (st.dev, st.dst) else {
+            return fail(libc::EINVAL);
+        };
+        let dgid = ferroce_verbs::context::gid_of(dst.ip());
+        // SAFETY: a context of this library.
+        let f = unsafe { fctx(dev.verbs) };
+        let sgid_index = cm::source_gid_index(&f.ctx, 0, dgid);
+        let opts = ConnectOptions {
+            sgid_index,
+            traffic_class: st.tos,
+            ..ConnectOptions::default()
+        };
+        match opts.path_to(&f.ctx, dgid) {
+            Ok(_) => {
+                let sgid = f.ctx.query_gid(sgid_index).unwrap_or(Ipv6Addr::UNSPECIFIED);
+                let path = Box::new(ffi::ibv_sa_path_rec {
+                    dgid: ffi::ibv_gid { raw: dgid.octets() },
+                    sgid: ffi::ibv_gid { raw: sgid.octets() },
+                    hop_limit: multicast::JOIN_HOP_LIMIT,
+                    traffic_class: st.tos,
+                    reversible: 1,
+                    numb_path: 1,
+                    pkey: 0xffffu16.to_be(),
+                    mtu: crate::devices::mtu_enum(f.ctx.query_port().active_mtu) as u8,
+                    ..Default::default()
+                });
+                // SAFETY: `st` held; the record lives in the state.
+                unsafe {
+                    (*me.c()).route.path_rec = &*path as *const _ as *mut _;
+                    (*me.c()).route.num_paths = 1;
+                }
+                st.path = Some(path);
+                0
+            }
+            Err(e) => -errno_of(&e),
+        }
+    };
+    let kind = if status == 0 {
+        ffi::RDMA_CM_EVENT_ROUTE_RESOLVED
+    } else {
+        ffi::RDMA_CM_EVENT_ROUTE_ERROR
+    };
+    me.report(Event::new(&me, me.handle(), kind, status));
+    done(complete(&me))
+}
+
+/// rdma_listen: connection requests for the bound port (on the bound
+/// device, or every device for a wildcard address) become CONNECT_REQUEST
+/// events with a new ID each.
+///
+/// # Safety
+/// `id` is live.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_listen(id: *mut ffi::rdma_cm_id, _backlog: c_int) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let me = match unsafe { get(id) } {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    let udp = me_ps(&me) == ffi::RDMA_PS_UDP;
+    if me.state().src.is_none() {
+        if let Err(e) = bind(&me, SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0)) {
+            return fail(e);
+        }
+    }
+    let mut st = me.state();
+    let Some(src) = st.src else {
+        return fail(libc::EINVAL);
+    };
+    let devs = st.dev.map_or_else(device::all, |d| vec![d]);
+    if devs.is_empty() {
+        return fail(libc::ENODEV);
+    }
+    for dev in devs {
+        if !dev.add_listener(src.port(), udp, &me) {
+            return fail(libc::EADDRINUSE);
+        }
+        let mut a = dev.agent();
+        if let Err(e) = a.can_listen() {
+            drop(a);
+            dev.remove_listener(src.port(), udp);
+            eprintln!("ferroce librdmacm: {e}");
+            return fail(libc::EADDRINUSE);
+        }
+        if udp {
+            a.listen_ud(src.port());
+        } else {
+            a.listen(src.port());
+        }
+        st.listening.push((dev, src.port()));
+    }
+    0
+}
+
+/// The connection parameters a program passed (NULL: librdmacm's defaults).
+unsafe fn conn_param(p: *const ffi::rdma_conn_param, st: &IdState) -> (ConnParam, u32) {
+    let mut out = ConnParam {
+        traffic_class: st.tos,
+        ..ConnParam::default()
+    };
+    if let Some(t) = st.ack_timeout {
+        out.ack_timeout = t;
+    }
+    // SAFETY: the caller passes NULL or a readable struct.
+    let Some(p) = (unsafe { p.as_ref() }) else {
+        return (out, 0);
+    };
+    if !p.private_data.is_null() && p.private_data_len > 0 {
+        // SAFETY: the program's private data of the length it gives.
+        out.private_data = unsafe {
+            std::slice::from_raw_parts(p.private_data as *const u8, usize::from(p.private_data_len))
+        }
+        .to_vec();
+    }
+    let max = ferroce_stack::transport::qp::MAX_RD_ATOMIC;
+    out.responder_resources = p.responder_resources.min(max);
+    out.initiator_depth = p.initiator_depth.min(max);
+    out.retry_count = p.retry_count.min(7);
+    out.rnr_retry_count = p.rnr_retry_count.min(7);
+    (out, p.qp_num)
+}
+
+/// rdma_connect: a REQ (RC) or SIDR_REQ (UD) to the resolved destination;
+/// ESTABLISHED (with the QP at RTS), CONNECT_RESPONSE (no QP), REJECTED or
+/// UNREACHABLE follows.
+///
+/// # Safety
+/// `id` is live; `param` NULL or readable.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_connect(
+    id: *mut ffi::rdma_cm_id,
+    param: *mut ffi::rdma_conn_param,
+) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let me = match unsafe { get(id) } {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    let dev = {
+        let st = me.state();
+        let (Some(dev), Some(dst)) = (st.dev, st.dst) else {
+            return fail(libc::EINVAL);
+        };
+        // SAFETY: as the caller guarantees.
+        let (p, qp_num) = unsafe { conn_param(param, &st) };
+        // SAFETY: the ID's QP, if any, is live.
+        let qp = unsafe { (*me.c()).qp };
+        let mut a = dev.agent();
+        let started = if me_ps(&me) == ffi::RDMA_PS_UDP {
+            a.start_resolve_ud(dst, &p.private_data, p.traffic_class)
+        } else {
+            let qpn = if qp.is_null() {
+                qp_num
+            } else {
+                // SAFETY: a QP of this library.
+                unsafe { fqp(qp) }.qp.qpn()
+            };
+            a.start_connect(qpn, dst, &p)
+        };
+        match started {
+            Ok(cid) => {
+                dev.own(cid, &me);
+                drop(a);
+                drop(st);
+                me.state().comm_id = Some(cid);
+                dev
+            }
+            Err(e) => return fail(errno_of(&e)),
+        }
+    };
+    dev.pump();
+    done(complete(&me))
+}
+
+/// rdma_establish: for an ID without a QP, after CONNECT_RESPONSE (the
+/// program has moved its QP to RTS): the RTU.
+///
+/// # Safety
+/// `id` is live.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_establish(id: *mut ffi::rdma_cm_id) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let me = match unsafe { get(id) } {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    let mut st = me.state();
+    let (Some(dev), Some(cid), Some(rep)) = (st.dev, st.comm_id, st.reply.take()) else {
+        return fail(libc::EINVAL);
+    };
+    let r = dev.agent().establish(cid, &rep);
+    match r {
+        Ok(conn) => {
+            st.conn = Some(conn);
+            0
+        }
+        Err(e) => fail(errno_of(&e)),
+    }
+}
+
+/// rdma_accept: answers the request this ID was made for: RC with a REP
+/// (the QP to RTS first; ESTABLISHED follows on the RTU), UD with a SIDR_REP.
+///
+/// # Safety
+/// `id` is live; `param` NULL or readable.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_accept(
+    id: *mut ffi::rdma_cm_id,
+    param: *mut ffi::rdma_conn_param,
+) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let me = match unsafe { get(id) } {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    let mut st = me.state();
+    let Some(dev) = st.dev else {
+        return fail(libc::EINVAL);
+    };
+    // SAFETY: as the caller guarantees.
+    let (p, _) = unsafe { conn_param(param, &st) };
+    // SAFETY: the ID's QP, if any, is live.
+    let qp = unsafe { (*me.c()).qp };
+    if qp.is_null() {
+        // Accepting for a QP the program moves itself needs
+        // rdma_init_qp_attr, which this library does not offer.
+        return fail(libc::EOPNOTSUPP);
+    }
+    // SAFETY: a QP of this library.
+    let fq = unsafe { fqp(qp) };
+    let r = match st.request.take() {
+        Some(Pending::Rc(req)) => {
+            let mut a = dev.agent();
+            match a.start_accept(&req, &fq.qp, &p) {
+                Ok(conn) => {
+                    dev.own(conn.local_comm_id, &me);
+                    drop(a);
+                    st.comm_id = Some(conn.local_comm_id);
+                    st.conn = Some(conn);
+                    Ok(true)
+                }
+                Err(e) => {
+                    st.request = Some(Pending::Rc(req));
+                    Err(errno_of(&e))
+                }
+            }
+        }
+        Some(Pending::Ud(req)) => {
+            let r = dev.agent().accept_ud(&req, &fq.qp, &p.private_data);
+            r.map(|()| false).map_err(|e| errno_of(&e))
+        }
+        None => Err(libc::EINVAL),
+    };
+    drop(st);
+    match r {
+        Ok(waits) => {
+            dev.pump();
+            if waits {
+                done(complete(&me))
+            } else {
+                0
+            }
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// rdma_reject: refuses the request this ID was made for (REJ, consumer
+/// defined, with the private data; SIDR_REP "rejected" for UD).
+///
+/// # Safety
+/// `id` is live; `private_data` NULL or `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_reject(
+    id: *mut ffi::rdma_cm_id,
+    private_data: *const c_void,
+    len: u8,
+) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let me = match unsafe { get(id) } {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    let private: &[u8] = if private_data.is_null() {
+        &[]
+    } else {
+        // SAFETY: as the caller guarantees.
+        unsafe { std::slice::from_raw_parts(private_data as *const u8, usize::from(len)) }
+    };
+    let mut st = me.state();
+    let Some(dev) = st.dev else {
+        return fail(libc::EINVAL);
+    };
+    let r = match st.request.take() {
+        Some(Pending::Rc(req)) => dev.agent().reject_with(&req, REJ_CONSUMER_DEFINED, private),
+        // IB_SIDR_REJECT.
+        Some(Pending::Ud(req)) => dev.agent().reject_ud(&req, 2),
+        None => return fail(libc::EINVAL),
+    };
+    match r {
+        Ok(()) => 0,
+        Err(e) => fail(errno_of(&e)),
+    }
+}
+
+/// rdma_disconnect: the QP to ERR (its work requests flushed), then a DREQ;
+/// DISCONNECTED follows on the DREP (or after a few unanswered DREQs).
+///
+/// # Safety
+/// `id` is live.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_disconnect(id: *mut ffi::rdma_cm_id) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let me = match unsafe { get(id) } {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    // SAFETY: the ID's QP, if any, is live.
+    let qp = unsafe { (*me.c()).qp };
+    if !qp.is_null() {
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::IBV_QPS_ERR,
+            ..Default::default()
+        };
+        // SAFETY: a QP of this library; a state-only modify.
+        unsafe { crate::qp::ibv_modify_qp(qp, &mut attr, ffi::IBV_QP_STATE as c_int) };
+    }
+    let (dev, waits) = {
+        let st = me.state();
+        let (Some(dev), Some(cid)) = (st.dev, st.comm_id) else {
+            return fail(libc::EINVAL);
+        };
+        let r = dev.agent().start_disconnect(cid);
+        match r {
+            Ok(sent) => (dev, sent),
+            Err(e) => return fail(errno_of(&e)),
+        }
+    };
+    dev.pump();
+    // A synchronous ID waits for its DISCONNECTED (already queued when
+    // the peer disconnected first).
+    if waits || me.state().own_channel.is_some() {
+        done(complete(&me))
+    } else {
+        0
+    }
+}
+
+/// rdma_notify: nothing to do (ferroce's agent needs no nudge from a QP's
+/// first receive).
+#[no_mangle]
+pub extern "C" fn rdma_notify(_id: *mut ffi::rdma_cm_id, _event: c_int) -> c_int {
+    0
+}
+
+/// rdma_set_option: TOS and ACK time-out are kept for the connection;
+/// REUSEADDR and AFONLY are accepted; path records are not taken.
+///
+/// # Safety
+/// `id` is live; `optval` points to `optlen` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_set_option(
+    id: *mut ffi::rdma_cm_id,
+    level: c_int,
+    optname: c_int,
+    optval: *mut c_void,
+    optlen: usize,
+) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let me = match unsafe { get(id) } {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    if optval.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: as the caller guarantees.
+    let byte = |len: usize| (len >= 1).then(|| unsafe { *(optval as *const u8) });
+    match (level as u32, optname as u32) {
+        (ffi::RDMA_OPTION_ID, ffi::RDMA_OPTION_ID_TOS) => match byte(optlen) {
+            Some(t) => {
+                me.state().tos = t;
+                0
+            }
+            None => fail(libc::EINVAL),
+        },
+        (ffi::RDMA_OPTION_ID, ffi::RDMA_OPTION_ID_ACK_TIMEOUT) => match byte(optlen) {
+            Some(t) => {
+                me.state().ack_timeout = Some(t.min(31));
+                0
+            }
+            None => fail(libc::EINVAL),
+        },
+        (ffi::RDMA_OPTION_ID, ffi::RDMA_OPTION_ID_REUSEADDR | ffi::RDMA_OPTION_ID_AFONLY) => 0,
+        _ => fail(libc::ENOSYS),
+    }
+}
+
+/// rdma_migrate_id: moves the ID to `channel` (NULL: synchronous) once
+/// its events are acknowledged.
+///
+/// # Safety
+/// `id` is live; `channel` NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_migrate_id(
+    id: *mut ffi::rdma_cm_id,
+    channel: *mut ffi::rdma_event_channel,
+) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let me = match unsafe { get(id) } {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    me.wait_acked();
+    if channel.is_null() {
+        return done(make_sync(&me));
+    }
+    let mut st = me.state();
+    // SAFETY: `st` held.
+    unsafe { (*me.c()).channel = channel };
+    st.own_channel = None;
+    0
+}
+
+fn port_of(a: Option<SocketAddr>) -> u16 {
+    // Network byte order, as librdmacm returns it.
+    a.map_or(0, |a| a.port().to_be())
+}
+
+/// rdma_get_src_port (network byte order).
+///
+/// # Safety
+/// `id` is live.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_src_port(id: *mut ffi::rdma_cm_id) -> u16 {
+    // SAFETY: as the caller guarantees.
+    unsafe { get(id) }.map_or(0, |m| port_of(m.state().src))
+}
+
+/// rdma_get_dst_port (network byte order).
+///
+/// # Safety
+/// `id` is live.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_dst_port(id: *mut ffi::rdma_cm_id) -> u16 {
+    // SAFETY: as the caller guarantees.
+    unsafe { get(id) }.map_or(0, |m| port_of(m.state().dst))
+}
+
+/// librdmacm's `ucma_create_cqs`: a completion channel and CQ for each
+/// queue the attributes leave without one.
+unsafe fn make_cqs(
+    me: &CmId,
+    verbs: *mut ffi::ibv_context,
+    attr: &mut ffi::ibv_qp_init_attr,
+) -> Result<bool, c_int> {
+    let c = me.c();
+    let mut made = false;
+    // SAFETY: `st` is held by the caller; the context is live.
+    unsafe {
+        if attr.recv_cq.is_null() {
+            let ch = crate::channel::ibv_create_comp_channel(verbs);
+            let cq = crate::resources::ibv_create_cq(
+                verbs,
+                attr.cap.max_recv_wr.max(1) as c_int,
+                c as *mut c_void,
+                ch,
+                0,
+            );
+            if ch.is_null() || cq.is_null() {
+                return Err(libc::ENOMEM);
+            }
+            (*c).recv_cq_channel = ch;
+            (*c).recv_cq = cq;
+            attr.recv_cq = cq;
+            made = true;
+        }
+        if attr.send_cq.is_null() {
+            let ch = crate::channel::ibv_create_comp_channel(verbs);
+            let cq = crate::resources::ibv_create_cq(
+                verbs,
+                attr.cap.max_send_wr.max(1) as c_int,
+                c as *mut c_void,
+                ch,
+                0,
+            );
+            if ch.is_null() || cq.is_null() {
+                return Err(libc::ENOMEM);
+            }
+            (*c).send_cq_channel = ch;
+            (*c).send_cq = cq;
+            attr.send_cq = cq;
+            made = true;
+        }
+    }
+    Ok(made)
+}
+
+/// Puts a new QP where rdma_cm keeps it: RC and UC at INIT, UD of the UDP
+/// port space at RTS with rdma_cm's Q_Key (librdmacm's ucma_init_conn_qp /
+/// ucma_init_ud_qp).
+fn init_qp(me: &CmId, dev: &CmDevice, qp: *mut ffi::ibv_qp) -> Result<(), c_int> {
+    // SAFETY: a QP of this library, just made.
+    let fq = unsafe { fqp(qp) };
+    // SAFETY: a context of this library.
+    let f = unsafe { fctx(dev.verbs) };
+    let r = match fq.qp.qp_type() {
+        ferroce_verbs::QpType::Ud if me_ps(me) == ffi::RDMA_PS_UDP => {
+            let st = me.state();
+            let sgid_index = st.src.map_or(0, |s| {
+                cm::source_gid_index(&f.ctx, 0, ferroce_verbs::context::gid_of(s.ip()))
+            });
+            cm::init_ud_qp(
+                &f.ctx,
+                &fq.qp,
+                &ConnectOptions {
+                    sgid_index,
+                    ..ConnectOptions::default()
+                },
+            )
+        }
+        ferroce_verbs::QpType::Ud => Ok(()),
+        _ => fq.qp.to_init(&ConnectOptions::default()),
+    };
+    r.map_err(|e| errno_of(&e))
+}
+
+/// rdma_create_qp: a QP for the ID on its device (PD: `pd`, else the ID's,
+/// else the device's), with CQs made for the queues `attr` leaves without.
+///
+/// # Safety
+/// `id` is live; `pd` NULL or live; `attr` readable and writable.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_qp(
+    id: *mut ffi::rdma_cm_id,
+    pd: *mut ffi::ibv_pd,
+    attr: *mut ffi::ibv_qp_init_attr,
+) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let me = match unsafe { get(id) } {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    // SAFETY: as the caller guarantees.
+    let Some(attr) = (unsafe { attr.as_mut() }) else {
+        return fail(libc::EINVAL);
+    };
+    let mut st = me.state();
+    let Some(dev) = st.dev else {
+        return fail(libc::EINVAL);
+    };
+    let c = me.c();
+    // SAFETY: `st` held: the C struct is ours to read and write.
+    unsafe {
+        if !(*c).qp.is_null() {
+            return fail(libc::EINVAL);
+        }
+        let pd = if !pd.is_null() {
+            pd
+        } else if !(*c).pd.is_null() {
+            (*c).pd
+        } else {
+            dev.default_pd()
+        };
+        match make_cqs(&me, dev.verbs, attr) {
+            Ok(made) => st.made_cqs |= made,
+            Err(e) => return fail(e),
+        }
+        let qp = crate::qp::ibv_create_qp(pd, attr);
+        if qp.is_null() {
+            return -1;
+        }
+        drop(st);
+        if let Err(e) = init_qp(&me, dev, qp) {
+            crate::qp::ibv_destroy_qp(qp);
+            return fail(e);
+        }
+        let _st = me.state();
+        (*c).qp = qp;
+        (*c).pd = pd;
+    }
+    0
+}
+
+/// rdma_create_qp_ex: as [`rdma_create_qp`], with the attributes' PD.
+///
+/// # Safety
+/// `id` is live; `attr` readable and writable.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_qp_ex(
+    id: *mut ffi::rdma_cm_id,
+    attr: *mut ffi::ibv_qp_init_attr_ex,
+) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let Some(a) = (unsafe { attr.as_mut() }) else {
+        return fail(libc::EINVAL);
+    };
+    let mut basic = ffi::ibv_qp_init_attr {
+        qp_context: a.qp_context,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        cap: a.cap,
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all,
+    };
+    let pd = if a.comp_mask & ffi::IBV_QP_INIT_ATTR_PD != 0 {
+        a.pd
+    } else {
+        ptr::null_mut()
+    };
+    // SAFETY: as the caller guarantees.
+    let r = unsafe { rdma_create_qp(id, pd, &mut basic) };
+    a.send_cq = basic.send_cq;
+    a.recv_cq = basic.recv_cq;
+    a.cap = basic.cap;
+    r
+}
+
+/// rdma_destroy_qp: the ID's QP, and the CQs rdma_create_qp made for it.
+///
+/// # Safety
+/// `id` is live.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_qp(id: *mut ffi::rdma_cm_id) {
+    // SAFETY: as the caller guarantees.
+    let Ok(me) = (unsafe { get(id) }) else {
+        return;
+    };
+    let mut st = me.state();
+    let c = me.c();
+    // SAFETY: `st` held; the objects are this library's and the ID's.
+    unsafe {
+        if !(*c).qp.is_null() {
+            crate::qp::ibv_destroy_qp((*c).qp);
+            (*c).qp = ptr::null_mut();
+        }
+        if st.made_cqs {
+            st.made_cqs = false;
+            for (cq, ch) in [
+                (&mut (*c).send_cq, &mut (*c).send_cq_channel),
+                (&mut (*c).recv_cq, &mut (*c).recv_cq_channel),
+            ] {
+                if !cq.is_null() {
+                    crate::resources::ibv_destroy_cq(*cq);
+                    *cq = ptr::null_mut();
+                }
+                if !ch.is_null() {
+                    crate::channel::ibv_destroy_comp_channel(*ch);
+                    *ch = ptr::null_mut();
+                }
+            }
+        }
+    }
+}
+
+/// rdma_create_srq: an SRQ for the ID (PD as for rdma_create_qp).
+///
+/// # Safety
+/// `id` is live; `pd` NULL or live; `attr` readable and writable.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_srq(
+    id: *mut ffi::rdma_cm_id,
+    pd: *mut ffi::ibv_pd,
+    attr: *mut ffi::ibv_srq_init_attr,
+) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let me = match unsafe { get(id) } {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    let st = me.state();
+    let Some(dev) = st.dev else {
+        return fail(libc::EINVAL);
+    };
+    let c = me.c();
+    // SAFETY: `st` held; objects of this library.
+    unsafe {
+        let pd = if !pd.is_null() {
+            pd
+        } else if !(*c).pd.is_null() {
+            (*c).pd
+        } else {
+            dev.default_pd()
+        };
+        let srq = crate::resources::ibv_create_srq(pd, attr);
+        if srq.is_null() {
+            return -1;
+        }
+        (*c).srq = srq;
+        (*c).pd = pd;
+    }
+    0
+}
+
+/// rdma_create_srq_ex: as [`rdma_create_srq`] (basic SRQs).
+///
+/// # Safety
+/// `id` is live; `attr` readable and writable.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_srq_ex(
+    id: *mut ffi::rdma_cm_id,
+    attr: *mut ffi::ibv_srq_init_attr_ex,
+) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let Some(a) = (unsafe { attr.as_mut() }) else {
+        return fail(libc::EINVAL);
+    };
+    let mut basic = ffi::ibv_srq_init_attr {
+        srq_context: a.srq_context,
+        attr: a.attr,
+    };
+    let pd = if a.comp_mask & ffi::IBV_SRQ_INIT_ATTR_PD != 0 {
+        a.pd
+    } else {
+        ptr::null_mut()
+    };
+    // SAFETY: as the caller guarantees.
+    let r = unsafe { rdma_create_srq(id, pd, &mut basic) };
+    a.attr = basic.attr;
+    r
+}
+
+/// rdma_destroy_srq.
+///
+/// # Safety
+/// `id` is live.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_srq(id: *mut ffi::rdma_cm_id) {
+    // SAFETY: as the caller guarantees.
+    let Ok(me) = (unsafe { get(id) }) else {
+        return;
+    };
+    let _st = me.state();
+    // SAFETY: `st` held; the ID's SRQ.
+    unsafe {
+        let c = me.c();
+        if !(*c).srq.is_null() {
+            crate::resources::ibv_destroy_srq((*c).srq);
+            (*c).srq = ptr::null_mut();
+        }
+    }
+}
+
+/// rdma_get_request: the next connection request of a synchronous
+/// listener, as a synchronous ID with the listener's QP attributes (from
+/// rdma_create_ep) already applied.
+///
+/// # Safety
+/// `listen` is live; `id` writable.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_request(
+    listen: *mut ffi::rdma_cm_id,
+    id: *mut *mut ffi::rdma_cm_id,
+) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let l = match unsafe { get(listen) } {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    let ch = match &l.state().own_channel {
+        Some(ch) => &**ch as *const Channel,
+        None => return fail(libc::EINVAL),
+    };
+    // SAFETY: the listener's own channel lives as long as it.
+    let ev = match unsafe { &*ch }.pop() {
+        Ok(ev) => ev,
+        Err(e) => return fail(e),
+    };
+    if ev.c.event != ffi::RDMA_CM_EVENT_CONNECT_REQUEST {
+        // SAFETY: a boxed event of this library.
+        unsafe { channel::rdma_ack_cm_event(Box::into_raw(ev) as *mut ffi::rdma_cm_event) };
+        return fail(libc::EINVAL);
+    }
+    let new = ev.c.id;
+    // SAFETY: the request's new ID, live until the program destroys it.
+    let child = unsafe { id_arc(new) };
+    if let Err(e) = make_sync(&child) {
+        return fail(e);
+    }
+    let (qp_init, pd) = {
+        let st = l.state();
+        // SAFETY: `st` held: the listener's PD field.
+        (st.qp_init, unsafe { (*l.c()).pd })
+    };
+    if let Some(mut attr) = qp_init {
+        // SAFETY: the new ID; the listener's PD (or NULL: the device's).
+        if unsafe { rdma_create_qp(new, pd, &mut attr) } != 0 {
+            return -1;
+        }
+    }
+    // SAFETY: the caller's out pointer; the event stays with the new ID
+    // until its next call acknowledges it.
+    unsafe {
+        (*new).event = Box::into_raw(ev) as *mut ffi::rdma_cm_event;
+        *id = new;
+    }
+    0
+}
+
+/// rdma_create_ep: a synchronous ID for `res` — bound and ready to listen
+/// (RAI_PASSIVE), or resolved towards its destination — with a QP when
+/// `qp_init_attr` is given (a passive ID keeps it for rdma_get_request).
+///
+/// # Safety
+/// `id` writable; `res` readable; `pd` NULL or live; `qp_init_attr` NULL or readable.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_ep(
+    id: *mut *mut ffi::rdma_cm_id,
+    res: *mut ffi::rdma_addrinfo,
+    pd: *mut ffi::ibv_pd,
+    qp_init_attr: *mut ffi::ibv_qp_init_attr,
+) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let Some(r) = (unsafe { res.as_ref() }) else {
+        return fail(libc::EINVAL);
+    };
+    if id.is_null() {
+        return fail(libc::EINVAL);
+    }
+    let ps = if r.ai_port_space != 0 {
+        r.ai_port_space as ffi::rdma_port_space
+    } else {
+        ffi::RDMA_PS_TCP
+    };
+    let mut new: *mut ffi::rdma_cm_id = ptr::null_mut();
+    // SAFETY: our own out pointer.
+    if unsafe { rdma_create_id(ptr::null_mut(), &mut new, ptr::null_mut(), ps) } != 0 {
+        return -1;
+    }
+    let passive = r.ai_flags & ffi::RAI_PASSIVE as c_int != 0;
+    // SAFETY: the new ID; the addresses of `res`.
+    let rc = unsafe {
+        if passive {
+            rdma_bind_addr(new, r.ai_src_addr)
+        } else {
+            match rdma_resolve_addr(new, r.ai_src_addr, r.ai_dst_addr, 2000) {
+                0 => rdma_resolve_route(new, 2000),
+                e => e,
+            }
+        }
+    };
+    if rc != 0 {
+        // SAFETY: the new ID, not handed out.
+        unsafe { rdma_destroy_id(new) };
+        return -1;
+    }
+    // SAFETY: the new ID is live.
+    let me = unsafe { id_arc(new) };
+    if !pd.is_null() {
+        let _st = me.state();
+        // SAFETY: `st` held.
+        unsafe { (*me.c()).pd = pd };
+    }
+    // SAFETY: as the caller guarantees.
+    if let Some(attr) = unsafe { qp_init_attr.as_mut() } {
+        // librdmacm takes the QP type from the address info.
+        if r.ai_qp_type != 0 {
+            attr.qp_type = r.ai_qp_type as ffi::ibv_qp_type;
+        }
+        if passive {
+            me.state().qp_init = Some(*attr);
+        } else if
+        // SAFETY: the new ID; the caller's attributes.
+        unsafe { rdma_create_qp(new, pd, attr) } != 0 {
+            // SAFETY: the new ID, not handed out.
+            unsafe { rdma_destroy_id(new) };
+            return -1;
+        }
+    }
+    // SAFETY: the caller's out pointer.
+    unsafe { *id = new };
+    0
+}
+
+/// rdma_destroy_ep: the ID's QP (and CQs made for it), then the ID.
+///
+/// # Safety
+/// `id` is live and not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_ep(id: *mut ffi::rdma_cm_id) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        rdma_destroy_qp(id);
+        rdma_destroy_srq(id);
+        rdma_destroy_id(id);
+    }
+}
+
+/// rdma_get_devices: the contexts of every device (opened once, shared).
+///
+/// # Safety
+/// `num` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_devices(num: *mut c_int) -> *mut *mut ffi::ibv_context {
+    let devs = device::all();
+    // SAFETY: calloc of n+1 pointers, NULL-terminated; freed by rdma_free_devices.
+    let list = unsafe { libc::calloc(devs.len() + 1, std::mem::size_of::<*mut ffi::ibv_context>()) }
+        as *mut *mut ffi::ibv_context;
+    if list.is_null() {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    }
+    for (i, d) in devs.iter().enumerate() {
+        // SAFETY: i < n+1.
+        unsafe { *list.add(i) = d.verbs };
+    }
+    if !num.is_null() {
+        // SAFETY: the caller's int.
+        unsafe { *num = devs.len() as c_int };
+    }
+    list
+}
+
+/// rdma_free_devices.
+///
+/// # Safety
+/// `list` came from rdma_get_devices.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ffi::ibv_context) {
+    // SAFETY: allocated with calloc.
+    unsafe { libc::free(list as *mut c_void) };
+}
+
+/// rdma_join_multicast_ex: joins the ID's UD QP to a group (attached
+/// unless send-only; the device joins the IP group); MULTICAST_JOIN follows
+/// with the group's address handle, QPN 0xFFFFFF and rdma_cm's Q_Key, and
+/// `context` as its private data, as librdmacm reports it.
+///
+/// # Safety
+/// `id` is live; `attr` readable with a readable address.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_join_multicast_ex(
+    id: *mut ffi::rdma_cm_id,
+    attr: *mut ffi::rdma_cm_join_mc_attr_ex,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let me = match unsafe { get(id) } {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    // SAFETY: as the caller guarantees.
+    let Some(a) = (unsafe { attr.as_ref() }) else {
+        return fail(libc::EINVAL);
+    };
+    if a.comp_mask & ffi::RDMA_CM_JOIN_MC_ATTR_ADDRESS == 0 {
+        return fail(libc::EINVAL);
+    }
+    let kind = if a.comp_mask & ffi::RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS != 0 {
+        match a.join_flags {
+            ffi::RDMA_MC_JOIN_FLAG_FULLMEMBER => JoinKind::FullMember,
+            ffi::RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER => JoinKind::SendOnlyFullMember,
+            _ => return fail(libc::EINVAL),
+        }
+    } else {
+        JoinKind::FullMember
+    };
+    // SAFETY: as the caller guarantees.
+    let Some(group) = (unsafe { from_c(a.addr as *const libc::sockaddr) }) else {
+        return fail(libc::EINVAL);
+    };
+    if me_ps(&me) != ffi::RDMA_PS_UDP {
+        return fail(libc::EINVAL);
+    }
+    let (dev, joined) = {
+        let mut st = me.state();
+        if st.dev.is_none() {
+            // Not bound: the group's route picks the device (librdmacm resolves it).
+            drop(st);
+            let src = match addr::route_source(group.ip()) {
+                Ok(s) => s,
+                Err(_) => return fail(libc::ENODEV),
+            };
+            if let Err(e) = bind(&me, SocketAddr::new(src, 0)) {
+                return fail(e);
+            }
+            st = me.state();
+        }
+        let Some(dev) = st.dev else {
+            return fail(libc::ENODEV);
+        };
+        // SAFETY: the ID's QP, if any, is live.
+        let qp = unsafe { (*me.c()).qp };
+        if qp.is_null() {
+            return fail(libc::EINVAL);
+        }
+        // SAFETY: a QP of this library.
+        let fq = unsafe { fqp(qp) };
+        match multicast::join(&fq.qp, group.ip(), kind) {
+            Ok(j) => {
+                st.groups.push(j);
+                (dev, j)
+            }
+            Err(e) => return fail(errno_of(&e)),
+        }
+    };
+    let ud = ffi::rdma_ud_param {
+        ah_attr: dev.ah_attr(&me, joined.mgid, joined.hop_limit),
+        qp_num: joined.qpn,
+        qkey: joined.qkey,
+        ..Default::default()
+    };
+    let mut ev =
+        Event::new(&me, me.handle(), ffi::RDMA_CM_EVENT_MULTICAST_JOIN, 0).with_ud(ud, &[]);
+    // librdmacm hands the join's context back as the private data pointer.
+    ev.c.param.ud.private_data = context;
+    ev.c.param.ud.private_data_len = 0;
+    me.report(ev);
+    done(complete(&me))
+}
+
+/// rdma_join_multicast: a full-member join of `addr`.
+///
+/// # Safety
+/// `id` is live; `addr` readable.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_join_multicast(
+    id: *mut ffi::rdma_cm_id,
+    addr: *mut ffi::sockaddr,
+    context: *mut c_void,
+) -> c_int {
+    let mut attr = ffi::rdma_cm_join_mc_attr_ex {
+        comp_mask: ffi::RDMA_CM_JOIN_MC_ATTR_ADDRESS,
+        join_flags: 0,
+        addr,
+    };
+    // SAFETY: as the caller guarantees.
+    unsafe { rdma_join_multicast_ex(id, &mut attr, context) }
+}
+
+/// rdma_leave_multicast: detaches the ID's QP from the group.
+///
+/// # Safety
+/// `id` is live; `addr` readable.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_leave_multicast(
+    id: *mut ffi::rdma_cm_id,
+    addr: *mut ffi::sockaddr,
+) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let me = match unsafe { get(id) } {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    // SAFETY: as the caller guarantees.
+    let Some(group) = (unsafe { from_c(addr as *const libc::sockaddr) }) else {
+        return fail(libc::EINVAL);
+    };
+    let mut st = me.state();
+    let Some(i) = st.groups.iter().position(|j| j.group == group.ip()) else {
+        return fail(libc::EADDRNOTAVAIL);
+    };
+    let joined = st.groups.remove(i);
+    // SAFETY: the ID's QP, if any, is live.
+    let qp = unsafe { (*me.c()).qp };
+    if qp.is_null() {
+        return 0;
+    }
+    // SAFETY: a QP of this library.
+    match multicast::leave(&unsafe { fqp(qp) }.qp, &joined) {
+        Ok(()) => 0,
+        Err(e) => fail(errno_of(&e)),
+    }
+}
