@@ -30,36 +30,8 @@ fn build_ferroce() -> Result<PathBuf> {
             bin.display()
         )));
     }
-    let exe = std::env::current_exe().map_err(|e| Error::io("current_exe", e))?;
-    let target = target_dir_of(&exe).ok_or_else(|| {
-        Error::Unavailable(format!(
-            "cannot derive the target folder from {}; set FERROCE_BIN",
-            exe.display()
-        ))
-    })?;
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let started = Instant::now();
-    let out = Command::new(&cargo)
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "ferroce-verbs",
-            "--bin",
-            "ferroce",
-        ])
-        .current_dir(&workspace)
-        .env("CARGO_TARGET_DIR", &target)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| Error::io("running cargo build -p ferroce-verbs", e))?;
-    if !out.status.success() {
-        return Err(Error::HostCommand {
-            cmd: "cargo build --release -p ferroce-verbs --bin ferroce".into(),
-            detail: tail(&String::from_utf8_lossy(&out.stderr), 30),
-        });
-    }
+    let target = cargo_release(&["-p", "ferroce-verbs", "--bin", "ferroce"], "FERROCE_BIN")?;
     let bin = target.join("release").join("ferroce");
     eprintln!(
         "ferroce binary {} ready in {:.1} s",
@@ -67,6 +39,90 @@ fn build_ferroce() -> Result<PathBuf> {
         started.elapsed().as_secs_f64()
     );
     Ok(bin)
+}
+
+/// `cargo build --release <args>` of this workspace into the target folder of the running
+/// executable (`<target>/<profile>/deps/<test>` → `<target>`); returns that folder. `var`
+/// names the variable that would point at a prebuilt binary instead.
+fn cargo_release(args: &[&str], var: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe().map_err(|e| Error::io("current_exe", e))?;
+    let target = target_dir_of(&exe).ok_or_else(|| {
+        Error::Unavailable(format!(
+            "cannot derive the target folder from {}; set {var}",
+            exe.display()
+        ))
+    })?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new(&cargo)
+        .arg("build")
+        .arg("--release")
+        .args(args)
+        .current_dir(&workspace)
+        .env("CARGO_TARGET_DIR", &target)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| Error::io("running cargo build", e))?;
+    if !out.status.success() {
+        return Err(Error::HostCommand {
+            cmd: format!("cargo build --release {}", args.join(" ")),
+            detail: tail(&String::from_utf8_lossy(&out.stderr), 30),
+        });
+    }
+    Ok(target)
+}
+
+/// The folder holding ferroce's drop-in `libibverbs.so.1` and `librdmacm.so.1`
+/// (ferroce-ibverbs-compat, linked by its `ferroce-libibverbs` tool): stock rdma-core
+/// programs run over ferroce with `LD_LIBRARY_PATH` set to it: `$FERROCE_DROPIN_DIR` if set,
+/// else built once per process (needs libibverbs-dev, librdmacm-dev and libclang for bindgen).
+pub fn dropin_dir() -> Result<PathBuf> {
+    static DIR: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| build_dropin().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(Error::Unavailable)
+}
+
+fn build_dropin() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("FERROCE_DROPIN_DIR").filter(|d| !d.is_empty()) {
+        let dir = PathBuf::from(dir);
+        if dir.join("librdmacm.so.1").is_file() {
+            return Ok(dir);
+        }
+        return Err(Error::Unavailable(format!(
+            "FERROCE_DROPIN_DIR={} holds no librdmacm.so.1",
+            dir.display()
+        )));
+    }
+    let started = Instant::now();
+    let target = cargo_release(
+        &[
+            "-p",
+            "ferroce-ibverbs-compat",
+            "--bin",
+            "ferroce-libibverbs",
+        ],
+        "FERROCE_DROPIN_DIR",
+    )?;
+    let dir = target.join("release").join("dropin");
+    let tool = target.join("release").join("ferroce-libibverbs");
+    let out = Command::new(&tool)
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| Error::io("running ferroce-libibverbs", e))?;
+    if !out.status.success() {
+        return Err(Error::HostCommand {
+            cmd: format!("{} {}", tool.display(), dir.display()),
+            detail: tail(&String::from_utf8_lossy(&out.stderr), 30),
+        });
+    }
+    eprintln!(
+        "drop-in libibverbs.so.1 / librdmacm.so.1 in {} ready in {:.1} s",
+        dir.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(dir)
 }
 
 /// `ferroce-coll-bench` built with the `rdma-core` feature (ranks on ferroce with `--fabric env`,
@@ -97,39 +153,18 @@ fn build_coll_bench() -> Result<PathBuf> {
             "cmake is missing (the rdma-core feature's rdma-mummy-sys builds with it)".into(),
         ));
     }
-    let exe = std::env::current_exe().map_err(|e| Error::io("current_exe", e))?;
-    let target = target_dir_of(&exe).ok_or_else(|| {
-        Error::Unavailable(format!(
-            "cannot derive the target folder from {}; set FERROCE_COLL_BENCH_BIN",
-            exe.display()
-        ))
-    })?;
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let args = [
-        "build",
-        "--release",
-        "-p",
-        "ferroce-collectives",
-        "--features",
-        "rdma-core",
-        "--bin",
-        "ferroce-coll-bench",
-    ];
     let started = Instant::now();
-    let out = Command::new(&cargo)
-        .args(args)
-        .current_dir(&workspace)
-        .env("CARGO_TARGET_DIR", &target)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| Error::io("running cargo build -p ferroce-collectives", e))?;
-    if !out.status.success() {
-        return Err(Error::HostCommand {
-            cmd: format!("cargo {}", args.join(" ")),
-            detail: tail(&String::from_utf8_lossy(&out.stderr), 30),
-        });
-    }
+    let target = cargo_release(
+        &[
+            "-p",
+            "ferroce-collectives",
+            "--features",
+            "rdma-core",
+            "--bin",
+            "ferroce-coll-bench",
+        ],
+        "FERROCE_COLL_BENCH_BIN",
+    )?;
     let bin = target.join("release").join("ferroce-coll-bench");
     eprintln!(
         "ferroce-coll-bench (rdma-core) {} ready in {:.1} s",

@@ -16,6 +16,7 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ferroce_interop::host::{check_capture, ferroce_bin, CaptureCheck, HostJob};
@@ -2135,13 +2136,44 @@ fn rdma_cm_interop() {
         CmTool::Mckey,
     ] {
         for ferroce_serves in [false, true] {
-            rows.push(rdma_cm_case(&env, tool, ferroce_serves, false));
+            rows.push(rdma_cm_case(
+                &env,
+                tool,
+                ferroce_serves,
+                false,
+                HostSide::Ferroce,
+            ));
         }
     }
     // rdma_cm over IPv6: the CMs pick each connection's GIDs by the addresses' family.
     for tool in [CmTool::Rping, CmTool::Udaddy] {
         for ferroce_serves in [false, true] {
-            rows.push(rdma_cm_case(&env, tool, ferroce_serves, true));
+            rows.push(rdma_cm_case(
+                &env,
+                tool,
+                ferroce_serves,
+                true,
+                HostSide::Ferroce,
+            ));
+        }
+    }
+    // The stock tools on the host too, over ferroce's drop-in librdmacm.so.1.
+    for (tool, v6) in [
+        (CmTool::Examples, false),
+        (CmTool::Rping, false),
+        (CmTool::Udaddy, false),
+        (CmTool::Ucmatose, false),
+        (CmTool::Mckey, false),
+        (CmTool::Rping, true),
+    ] {
+        for ferroce_serves in [false, true] {
+            rows.push(rdma_cm_case(
+                &env,
+                tool,
+                ferroce_serves,
+                v6,
+                HostSide::DropIn,
+            ));
         }
     }
     finish(
@@ -2171,7 +2203,8 @@ fn rdma_cm_interop() {
          every case the capture must hold the data traffic and, but for mckey, the CM MADs \
          (UD SEND 0x64 to QP1), each frame with a good ICRC. `rping` and `udaddy` run over IPv6 \
          too (the stock server bound to its IPv6 address; each CM takes the GIDs of the \
-         addresses' family).",
+         addresses' family). Rows marked \"drop-in\" run the same stock tool on the host too, \
+         unmodified, over ferroce's `libibverbs.so.1` / `librdmacm.so.1` (`LD_LIBRARY_PATH`).",
         &rows,
     );
 }
@@ -2191,34 +2224,85 @@ enum CmTool {
     Mckey,
 }
 
-fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool, v6: bool) -> Row {
+/// What runs on the host side of an rdma_cm case.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum HostSide {
+    /// ferroce's own tool (`ferroce rping`, ...).
+    Ferroce,
+    /// The same stock tool as the VM's, over ferroce's drop-in librdmacm.so.1 /
+    /// libibverbs.so.1 (`LD_LIBRARY_PATH`).
+    DropIn,
+}
+
+/// A stock librdmacm tool's server and client command lines: the server bound to `bind`
+/// (IPv6: its address; IPv4: the wildcard), the client towards `target`; `me` is the
+/// side's own IPv4 address (mckey routes its group from it).
+fn stock_cm_commands(
+    tool: CmTool,
+    bind: Option<&str>,
+    target: &str,
+    me: &str,
+    group: &str,
+) -> (String, String) {
+    let at = |flag: &str| bind.map_or(String::new(), |b| format!(" {flag} {b}"));
+    match tool {
+        CmTool::Examples => ("rdma_server".into(), format!("rdma_client -s {target}")),
+        CmTool::Rping => (
+            format!("rping -s -v{}", at("-a")),
+            format!("rping -c -a {target} -v -V -C 3"),
+        ),
+        // The client gives its messages a TOS (-t); the server answers with the TOS they
+        // came with.
+        CmTool::Udaddy => (
+            format!("udaddy -C 5 -S 1000{}", at("-b")),
+            format!("udaddy -s {target} -C 5 -S 1000 -t {TCLASS}"),
+        ),
+        // Two connections; the client's TOS goes in its REQs, the server sends with it too.
+        CmTool::Ucmatose => (
+            "ucmatose -c 2 -C 5 -S 2000".into(),
+            format!("ucmatose -s {target} -c 2 -C 5 -S 2000 -t {TCLASS}"),
+        ),
+        // The receiver ("server") joins two QPs to the group, the sender one; rdma_cm needs
+        // the side's source address to route a group (the VM has no default route).
+        CmTool::Mckey => (
+            format!("mckey -m {group} -b {me} -c 2 -C 5 -S 1000"),
+            format!("mckey -s -m {group} -b {me} -C 5 -S 1000"),
+        ),
+    }
+}
+
+fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool, v6: bool, host: HostSide) -> Row {
     let started = Instant::now();
     let (host_addr, vm_addr) = if v6 {
         (env.lab.host_ipv6().to_string(), env.vm().ipv6().to_string())
     } else {
         (env.lab.host_ipv4().to_string(), env.vm().ip().to_string())
     };
+    let group = mckey_group(ferroce_serves);
     // A stock server over IPv6 listens on its IPv6 address (rdma_cm's wildcard is IPv4's).
-    let vm_bind = |flag: &str| {
-        if v6 {
-            format!(" {flag} {vm_addr}")
-        } else {
-            String::new()
-        }
-    };
-    let (tag, vm_server, vm_client, f_server, f_client, ops): (_, _, _, _, _, &[u8]) = match tool {
+    let (vm_server, vm_client) = stock_cm_commands(
+        tool,
+        v6.then_some(vm_addr.as_str()),
+        &host_addr,
+        &env.vm().ip().to_string(),
+        group,
+    );
+    let (dropin_server, dropin_client) = stock_cm_commands(
+        tool,
+        v6.then_some(host_addr.as_str()),
+        &vm_addr,
+        &env.lab.host_ipv4().to_string(),
+        group,
+    );
+    let (tag, f_server, f_client, ops): (_, _, _, &[u8]) = match tool {
         CmTool::Examples => (
             "cm-examples",
-            "rdma_server".to_string(),
-            format!("rdma_client -s {host_addr}"),
             vec!["rdma-server".to_string()],
             vec!["rdma-client".to_string(), "-s".into(), vm_addr.clone()],
             &[0x64, 0x04, 0x11],
         ),
         CmTool::Rping => (
             "cm-rping",
-            format!("rping -s -v{}", vm_bind("-a")),
-            format!("rping -c -a {host_addr} -v -V -C 3"),
             vec!["rping".to_string(), "-s".into(), "-v".into()],
             vec![
                 "rping".to_string(),
@@ -2233,12 +2317,8 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool, v6: bool) -> Row 
             // READ request / response, WRITE, SENDs, ACKs.
             &[0x64, 0x04, 0x0c, 0x10, 0x0a, 0x11],
         ),
-        // The client gives its messages a TOS (-t); the server answers with the TOS they
-        // came with.
         CmTool::Udaddy => (
             "cm-udaddy",
-            format!("udaddy -C 5 -S 1000{}", vm_bind("-b")),
-            format!("udaddy -s {host_addr} -C 5 -S 1000 -t {TCLASS}"),
             vec![
                 "udaddy".to_string(),
                 "-C".into(),
@@ -2260,11 +2340,8 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool, v6: bool) -> Row 
             // The SIDR MADs and the UD SENDs WITH IMMEDIATE.
             &[0x64, 0x65],
         ),
-        // Two connections; the client's TOS goes in its REQs, the server sends with it too.
         CmTool::Ucmatose => (
             "cm-ucmatose",
-            "ucmatose -c 2 -C 5 -S 2000".to_string(),
-            format!("ucmatose -s {host_addr} -c 2 -C 5 -S 2000 -t {TCLASS}"),
             ["ucmatose", "-c", "2", "-C", "5", "-S", "2000"]
                 .map(String::from)
                 .to_vec(),
@@ -2284,30 +2361,27 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool, v6: bool) -> Row 
             // The CM MADs, SENDs both ways and their ACKs.
             &[0x64, 0x04, 0x11],
         ),
-        // The receiver ("server") joins two QPs to the group, the sender one; rdma_cm needs
-        // the VM's source address to route a group (it has no default route).
-        CmTool::Mckey => {
-            let group = mckey_group(ferroce_serves);
-            let vm_ip = env.vm().ip().to_string();
-            (
-                "cm-mckey",
-                format!("mckey -m {group} -b {vm_ip} -c 2 -C 5 -S 1000"),
-                format!("mckey -s -m {group} -b {vm_ip} -C 5 -S 1000"),
-                ["mckey", "-m", group, "-c", "2", "-C", "5", "-S", "1000"]
-                    .map(String::from)
-                    .to_vec(),
-                ["mckey", "-s", "-m", group, "-C", "5", "-S", "1000"]
-                    .map(String::from)
-                    .to_vec(),
-                // UD SENDs WITH IMMEDIATE; no MAD: a RoCE join is local.
-                &[0x65],
-            )
-        }
+        CmTool::Mckey => (
+            "cm-mckey",
+            ["mckey", "-m", group, "-c", "2", "-C", "5", "-S", "1000"]
+                .map(String::from)
+                .to_vec(),
+            ["mckey", "-s", "-m", group, "-C", "5", "-S", "1000"]
+                .map(String::from)
+                .to_vec(),
+            // UD SENDs WITH IMMEDIATE; no MAD: a RoCE join is local.
+            &[0x65],
+        ),
     };
     let tag = format!(
-        "{tag}-{}{}",
+        "{tag}-{}{}{}",
         if ferroce_serves { "server" } else { "client" },
-        if v6 { "-v6" } else { "" }
+        if v6 { "-v6" } else { "" },
+        if host == HostSide::DropIn {
+            "-dropin"
+        } else {
+            ""
+        }
     );
     let pcap = env.dir.join(format!("{tag}.pcap"));
     let vm = env.vm();
@@ -2327,10 +2401,30 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool, v6: bool) -> Row 
     let cap = env.lab.capture(CAPTURE_IFACE, &pcap, "udp port 4791");
     // rdma_cm listens on no TCP port to wait for: each server is up (QP1 ready) well within
     // the two seconds its client is started after.
+    // The host's command: ferroce's tool, or the stock one over the drop-in.
+    let host_cmd = |mut native: Vec<String>, stock: &str| -> std::io::Result<Command> {
+        match host {
+            HostSide::Ferroce => {
+                native.extend(base.iter().cloned());
+                Ok(env.ferroce_cmd(&native))
+            }
+            HostSide::DropIn => {
+                let dir = ferroce_interop::host::dropin_dir()
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                let mut words = stock.split_whitespace();
+                let mut c = env.lab.command(words.next().unwrap_or_default());
+                c.args(words)
+                    .env("LD_LIBRARY_PATH", dir)
+                    .env("FERROCE_DEVICE", env.lab.host_iface())
+                    .env("FERROCE_BACKEND", &env.backend);
+                Ok(c)
+            }
+        }
+    };
     let (server, client) = if ferroce_serves {
-        let mut args = f_server;
-        args.extend(base.iter().cloned());
-        match HostJob::spawn(env.ferroce_cmd(&args), &env.dir, &tag) {
+        match host_cmd(f_server, &dropin_server)
+            .and_then(|c| HostJob::spawn(c, &env.dir, &tag).map_err(std::io::Error::other))
+        {
             Ok(job) => {
                 std::thread::sleep(Duration::from_secs(2));
                 let stock = vm.run_timeout(&vm_client, Duration::from_secs(60));
@@ -2348,9 +2442,8 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool, v6: bool) -> Row 
         match vm.spawn(&vm_server) {
             Ok(stock) => {
                 std::thread::sleep(Duration::from_secs(2));
-                let mut args = f_client;
-                args.extend(base.iter().cloned());
-                let host = HostJob::spawn(env.ferroce_cmd(&args), &env.dir, &tag)
+                let host = host_cmd(f_client, &dropin_client)
+                    .and_then(|c| HostJob::spawn(c, &env.dir, &tag).map_err(std::io::Error::other))
                     .map(|j| j.wait_timeout(Duration::from_secs(60)));
                 if let Err(e) = &host {
                     problems.push(format!("spawn ferroce: {e}"));
@@ -2376,7 +2469,10 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool, v6: bool) -> Row 
     };
     for (o, is_server) in [(&server, true), (&client, false)] {
         let who = if is_server == ferroce_serves {
-            format!("ferroce {}", ferroce_side)
+            match host {
+                HostSide::Ferroce => format!("ferroce {ferroce_side}"),
+                HostSide::DropIn => format!("drop-in {ferroce_side}"),
+            }
         } else {
             format!("stock {}", stock_side)
         };
@@ -2502,9 +2598,14 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool, v6: bool) -> Row 
             "ferroce → rxe".into()
         },
         params: format!(
-            "backend {}, {}, {params}",
+            "backend {}, {}, {params}{}",
             env.backend,
-            if v6 { "IPv6" } else { "IPv4" }
+            if v6 { "IPv6" } else { "IPv4" },
+            if host == HostSide::DropIn {
+                "; host: the same stock tool over ferroce's drop-in librdmacm.so.1"
+            } else {
+                ""
+            }
         ),
         verdict: if pass { Verdict::Pass } else { Verdict::Fail },
         seconds: started.elapsed().as_secs_f64(),
