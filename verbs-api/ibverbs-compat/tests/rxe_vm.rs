@@ -1,7 +1,8 @@
-//! Debian's tools over the ferroce libibverbs.so.1 on the host against the
-//! same tools on Linux rxe in a QEMU VM (the interop harness's lab): RC
-//! ping-pong with data validation, perftest WRITE/READ/SEND/atomic
-//! bandwidth and WRITE/SEND latency, in both roles. Skips without root, QEMU or the VM image. TCG is slow: small
+//! Debian's tools over the ferroce libibverbs.so.1 (and librdmacm.so.1) on
+//! the host against the same tools on Linux rxe in a QEMU VM (the interop
+//! harness's lab): RC ping-pong with data validation, perftest
+//! WRITE/READ/SEND/atomic bandwidth and WRITE/SEND latency, and perftest
+//! over rdma_cm (`-R`, RC and UD, against rxe's kernel CM), in both roles. Skips without root, QEMU or the VM image. TCG is slow: small
 //! counts, generous time-outs; function, not speed.
 
 mod common;
@@ -52,6 +53,10 @@ fn host_cmd(lab: &RxeLab, program: &str, args: &str) -> std::process::Command {
     c
 }
 
+/// perftest's `-R` servers listen with rdma_cm, on no TCP port: their
+/// clients start this long after them instead.
+const RDMA_CM_START: Duration = Duration::from_secs(3);
+
 /// The rxe VM serves, the shim host connects. Returns (vm output, host output).
 fn vm_serves(lab: &RxeLab, program: &str, args: &str) -> (String, String) {
     let vm = lab.vm(0);
@@ -59,7 +64,10 @@ fn vm_serves(lab: &RxeLab, program: &str, args: &str) -> (String, String) {
         .spawn(&format!("{program} {args} -p {PORT}"))
         .expect("spawn in the VM");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while vm.wait_listening(PORT, Duration::from_secs(1)).is_err() {
+    if args.contains("-R") {
+        std::thread::sleep(RDMA_CM_START);
+    }
+    while !args.contains("-R") && vm.wait_listening(PORT, Duration::from_secs(1)).is_err() {
         assert!(
             Instant::now() < deadline,
             "{program}: rxe server not listening"
@@ -92,7 +100,10 @@ fn host_serves(lab: &RxeLab, program: &str, args: &str) -> (String, String) {
         .expect("spawn on the host");
     // The host server opens its device before it listens.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
+    if args.contains("-R") {
+        std::thread::sleep(RDMA_CM_START);
+    }
+    while !args.contains("-R") && Instant::now() < deadline {
         let out = lab.command("ss").arg("-Hltn").output();
         if out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&format!(":{PORT} "))) {
             break;
@@ -162,6 +173,41 @@ fn shim_against_rxe_vm() {
             assert!(
                 row(&v) || row(&h),
                 "{tool}: no result row\n--- rxe:\n{v}\n--- host:\n{h}"
+            );
+        }
+    }
+}
+
+#[test]
+fn shim_rdma_cm_perftest_against_rxe_vm() {
+    let Some(lab) = lab_or_skip("shim_rdma_cm_perftest_against_rxe_vm") else {
+        return;
+    };
+    // perftest's -R: rdma_cm connects a control QP and the test QPs (UD: SIDR),
+    // through ferroce's librdmacm.so.1 on the host and the kernel's CM in the VM.
+    let cases = [
+        ("ib_send_bw", "-R -F -m 1024 -s 8192 -n 50", "8192", "50"),
+        ("ib_write_bw", "-R -F -m 1024 -s 65536 -n 30", "65536", "30"),
+        ("ib_read_lat", "-R -F -m 1024 -s 64 -n 30", "64", "30"),
+        (
+            "ib_send_bw",
+            "-R -F -c UD -m 1024 -s 1024 -n 50",
+            "1024",
+            "50",
+        ),
+        ("ib_send_lat", "-R -F -c UD -m 1024 -s 64 -n 30", "64", "30"),
+    ];
+    for (tool, args, size, iters) in cases {
+        for (v, h) in [vm_serves(&lab, tool, args), host_serves(&lab, tool, args)] {
+            let row = |t: &str| {
+                t.lines().any(|l| {
+                    let w: Vec<&str> = l.split_whitespace().collect();
+                    w.len() >= 4 && w[0] == size && w[1] == iters
+                })
+            };
+            assert!(
+                row(&v) || row(&h),
+                "{tool} {args}: no result row\n--- rxe:\n{v}\n--- host:\n{h}"
             );
         }
     }
