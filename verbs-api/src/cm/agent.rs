@@ -843,14 +843,7 @@ impl<'a> CmAgent<'a> {
             peer_gid,
             remote_qpn: rep.local_qpn,
             private_data: rep.private_data.to_vec(),
-            offer: PeerOffer {
-                responder_resources: rep.responder_resources,
-                initiator_depth: rep.initiator_depth,
-                flow_control: rep.end_to_end_flow_control,
-                retry_count: 0,
-                rnr_retry_count: rep.rnr_retry_count,
-                srq: rep.srq,
-            },
+            offer: PeerOffer::of_rep(rep),
         })
     }
 

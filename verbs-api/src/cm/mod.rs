@@ -178,6 +178,20 @@ pub struct PeerOffer {
     pub srq: bool,
 }
 
+impl PeerOffer {
+    /// What a REP offered.
+    pub fn of_rep(rep: &Rep) -> PeerOffer {
+        PeerOffer {
+            responder_resources: rep.responder_resources,
+            initiator_depth: rep.initiator_depth,
+            flow_control: rep.end_to_end_flow_control,
+            retry_count: 0,
+            rnr_retry_count: rep.rnr_retry_count,
+            srq: rep.srq,
+        }
+    }
+}
+
 /// What the agent saw happen, in order (rdma_cm's events). `id` is the
 /// local comm ID of a connection (the request ID of a SIDR request).
 #[derive(Debug, Clone)]

@@ -1,7 +1,7 @@
 //! Socket addresses between C and Rust, `rdma_getaddrinfo`, and the route
 //! lookup rdma_resolve_addr makes for a source address.
 
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::{c_char, c_int};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::ptr;
 
@@ -81,11 +81,6 @@ pub fn c_len(a: &SocketAddr) -> libc::socklen_t {
         SocketAddr::V4(_) => std::mem::size_of::<libc::sockaddr_in>(),
         SocketAddr::V6(_) => std::mem::size_of::<libc::sockaddr_in6>(),
     }) as libc::socklen_t
-}
-
-/// Whether `ip` is the wildcard address of its family.
-pub fn is_any(ip: IpAddr) -> bool {
-    ip.is_unspecified()
 }
 
 /// The source address the kernel's routing table picks towards `dst`
@@ -247,18 +242,6 @@ pub unsafe extern "C" fn rdma_freeaddrinfo(res: *mut ffi::rdma_addrinfo) {
             cur = next;
         }
     }
-}
-
-/// A C string's text (lossy), for messages.
-///
-/// # Safety
-/// `s` is NULL or a C string.
-pub unsafe fn text(s: *const c_char) -> String {
-    if s.is_null() {
-        return String::new();
-    }
-    // SAFETY: the caller passes a C string.
-    unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
 }
 
 #[cfg(test)]

@@ -3,8 +3,9 @@
 //! QP1, and the thread that turns the agent's events into rdma_cm events.
 
 use std::collections::HashMap;
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 use std::net::IpAddr;
+use std::ptr;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,7 @@ use ferroce_verbs::ProtectionDomain;
 use super::channel::Event;
 use super::{CmId, Pending};
 use crate::ffi;
-use crate::handles::{fctx, fqp, FContext, FDevice};
+use crate::handles::{fctx, fqp, set_errno, FContext, FDevice};
 
 /// How long the service thread sleeps at most between looks at the agent.
 const IDLE_WAIT: Duration = Duration::from_millis(200);
@@ -273,17 +274,7 @@ impl CmDevice {
                 let qp = unsafe { (*owner.c()).qp };
                 if qp.is_null() {
                     // The program moves its QP and calls rdma_establish.
-                    let param = conn_param(
-                        &PeerOffer {
-                            responder_resources: rep.responder_resources,
-                            initiator_depth: rep.initiator_depth,
-                            flow_control: rep.end_to_end_flow_control,
-                            retry_count: 0,
-                            rnr_retry_count: rep.rnr_retry_count,
-                            srq: rep.srq,
-                        },
-                        rep.local_qpn,
-                    );
+                    let param = conn_param(&PeerOffer::of_rep(&rep), rep.local_qpn);
                     let private = rep.private_data.to_vec();
                     st.reply = Some(rep);
                     drop(st);
@@ -320,77 +311,59 @@ impl CmDevice {
                     }
                 }
             }
-            CmEvent::Established { id } => {
-                let Some(owner) = self.owner(id) else {
-                    return;
-                };
-                let ev = Event::new(&owner, owner.handle(), ffi::RDMA_CM_EVENT_ESTABLISHED, 0);
-                owner.report(ev);
-            }
+            CmEvent::Established { id } => self.to_owner(id, false, |o| {
+                Event::new(o, o.handle(), ffi::RDMA_CM_EVENT_ESTABLISHED, 0)
+            }),
             CmEvent::Rejected {
                 id,
                 reason,
                 private_data,
-            } => {
-                let Some(owner) = self.owner(id) else {
-                    return;
-                };
-                self.disown(id);
-                let ev = Event::new(
-                    &owner,
-                    owner.handle(),
+            } => self.to_owner(id, true, |o| {
+                Event::new(
+                    o,
+                    o.handle(),
                     ffi::RDMA_CM_EVENT_REJECTED,
                     c_int::from(reason),
                 )
-                .with_conn(ffi::rdma_conn_param::default(), &private_data);
-                owner.report(ev);
-            }
-            CmEvent::TimedOut { id } => {
-                let Some(owner) = self.owner(id) else {
-                    return;
-                };
-                self.disown(id);
-                owner.report(Event::new(
-                    &owner,
-                    owner.handle(),
+                .with_conn(ffi::rdma_conn_param::default(), &private_data)
+            }),
+            CmEvent::TimedOut { id } => self.to_owner(id, true, |o| {
+                Event::new(
+                    o,
+                    o.handle(),
                     ffi::RDMA_CM_EVENT_UNREACHABLE,
                     -libc::ETIMEDOUT,
-                ));
-            }
-            CmEvent::UdResolved { id, peer } => {
-                let Some(owner) = self.owner(id) else {
-                    return;
-                };
-                self.disown(id);
-                let ud = self.ud_param(&owner, &peer);
-                let ev = Event::new(&owner, owner.handle(), ffi::RDMA_CM_EVENT_ESTABLISHED, 0)
-                    .with_ud(ud, &peer.private_data);
-                owner.report(ev);
-            }
-            CmEvent::UdRefused { id, status } => {
-                let Some(owner) = self.owner(id) else {
-                    return;
-                };
-                self.disown(id);
-                owner.report(Event::new(
-                    &owner,
-                    owner.handle(),
+                )
+            }),
+            CmEvent::UdResolved { id, peer } => self.to_owner(id, true, |o| {
+                let ud = self.ud_param(o, &peer);
+                Event::new(o, o.handle(), ffi::RDMA_CM_EVENT_ESTABLISHED, 0)
+                    .with_ud(ud, &peer.private_data)
+            }),
+            CmEvent::UdRefused { id, status } => self.to_owner(id, true, |o| {
+                Event::new(
+                    o,
+                    o.handle(),
                     ffi::RDMA_CM_EVENT_UNREACHABLE,
                     c_int::from(status),
-                ));
-            }
-            CmEvent::Disconnected { id } => {
-                let Some(owner) = self.owner(id) else {
-                    return;
-                };
-                owner.report(Event::new(
-                    &owner,
-                    owner.handle(),
-                    ffi::RDMA_CM_EVENT_DISCONNECTED,
-                    0,
-                ));
-            }
+                )
+            }),
+            CmEvent::Disconnected { id } => self.to_owner(id, false, |o| {
+                Event::new(o, o.handle(), ffi::RDMA_CM_EVENT_DISCONNECTED, 0)
+            }),
         }
+    }
+
+    /// Reports the event `make` builds to the ID connection `id` belongs
+    /// to; `ends`: the agent is done with `id` (no more events of it).
+    fn to_owner(&self, id: u32, ends: bool, make: impl FnOnce(&Arc<CmId>) -> Box<Event>) {
+        let Some(owner) = self.owner(id) else {
+            return;
+        };
+        if ends {
+            self.disown(id);
+        }
+        owner.report(make(&owner));
     }
 
     /// An address handle's attributes towards `gid` from `id`'s source
@@ -432,4 +405,39 @@ fn with_listener(mut ev: Box<Event>, listener: &Arc<CmId>) -> Box<Event> {
 pub fn established(owner: &Arc<CmId>, conn: &Connection) -> Box<Event> {
     Event::new(owner, owner.handle(), ffi::RDMA_CM_EVENT_ESTABLISHED, 0)
         .with_conn(conn_param(&conn.offer, conn.remote_qpn), &conn.private_data)
+}
+
+/// rdma_get_devices: the contexts of every device (opened once, shared).
+///
+/// # Safety
+/// `num` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_devices(num: *mut c_int) -> *mut *mut ffi::ibv_context {
+    let devs = all();
+    // SAFETY: calloc of n+1 pointers, NULL-terminated; freed by rdma_free_devices.
+    let list = unsafe { libc::calloc(devs.len() + 1, std::mem::size_of::<*mut ffi::ibv_context>()) }
+        as *mut *mut ffi::ibv_context;
+    if list.is_null() {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    }
+    for (i, d) in devs.iter().enumerate() {
+        // SAFETY: i < n+1.
+        unsafe { *list.add(i) = d.verbs };
+    }
+    if !num.is_null() {
+        // SAFETY: the caller's int.
+        unsafe { *num = devs.len() as c_int };
+    }
+    list
+}
+
+/// rdma_free_devices.
+///
+/// # Safety
+/// `list` came from rdma_get_devices.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ffi::ibv_context) {
+    // SAFETY: allocated with calloc.
+    unsafe { libc::free(list as *mut c_void) };
 }

@@ -1,6 +1,5 @@
-//! The rdma_cm ID calls: addressing, listening, connecting, accepting,
-//! disconnecting, the QP and SRQ helpers, and librdmacm's synchronous
-//! `rdma_create_ep` / `rdma_get_request` API.
+//! The rdma_cm ID calls: creating and destroying IDs, addressing,
+//! listening, connecting, accepting, rejecting, disconnecting, options.
 
 use std::ffi::{c_int, c_void};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -9,7 +8,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 
 use ferroce_verbs::cm::{self, ConnParam, REJ_CONSUMER_DEFINED};
-use ferroce_verbs::multicast::{self, JoinKind};
+use ferroce_verbs::multicast;
 use ferroce_verbs::ConnectOptions;
 
 use super::addr::{self, from_c};
@@ -17,7 +16,7 @@ use super::channel::{self, Channel, Event};
 use super::device::{self, CmDevice};
 use super::{fail, id_arc, CmId, IdState, Pending};
 use crate::ffi;
-use crate::handles::{errno_of, fctx, fqp, set_errno};
+use crate::handles::{errno_of, fctx, fqp};
 
 /// The ephemeral ports rdma_cm hands out (the kernel's local port range).
 static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
@@ -33,7 +32,7 @@ fn ephemeral_port() -> u16 {
 }
 
 /// The ID behind a handle, or EINVAL.
-unsafe fn get(id: *mut ffi::rdma_cm_id) -> Result<Arc<CmId>, c_int> {
+pub(super) unsafe fn get(id: *mut ffi::rdma_cm_id) -> Result<Arc<CmId>, c_int> {
     if id.is_null() {
         return Err(libc::EINVAL);
     }
@@ -41,7 +40,7 @@ unsafe fn get(id: *mut ffi::rdma_cm_id) -> Result<Arc<CmId>, c_int> {
     Ok(unsafe { id_arc(id) })
 }
 
-fn done(r: Result<(), c_int>) -> c_int {
+pub(super) fn done(r: Result<(), c_int>) -> c_int {
     match r {
         Ok(()) => 0,
         Err(e) => fail(e),
@@ -72,7 +71,7 @@ fn new_id(
 }
 
 /// Gives `id` a channel of its own: its calls then wait for their events.
-fn make_sync(id: &Arc<CmId>) -> Result<(), c_int> {
+pub(super) fn make_sync(id: &Arc<CmId>) -> Result<(), c_int> {
     let ch = Channel::new().ok_or(libc::EMFILE)?;
     let mut st = id.state();
     // SAFETY: `st` held; the channel lives in the state as long as the ID.
@@ -118,7 +117,7 @@ pub fn child_of(
 /// A synchronous ID's wait for the event its call caused (librdmacm's
 /// `ucma_complete`): the previous event is acknowledged, the new one kept
 /// in `id->event`; a failed event fails the call.
-fn complete(id: &Arc<CmId>) -> Result<(), c_int> {
+pub(super) fn complete(id: &Arc<CmId>) -> Result<(), c_int> {
     let ch = {
         let st = id.state();
         match &st.own_channel {
@@ -241,7 +240,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut ffi::rdma_cm_id) -> c_int {
     0
 }
 
-fn me_ps(id: &CmId) -> ffi::rdma_port_space {
+pub(super) fn me_ps(id: &CmId) -> ffi::rdma_port_space {
     // SAFETY: `ps` is set at creation and never changes.
     unsafe { (*id.c()).ps }
 }
@@ -266,7 +265,7 @@ pub unsafe extern "C" fn rdma_bind_addr(
     done(r)
 }
 
-fn bind(me: &Arc<CmId>, mut a: SocketAddr) -> Result<(), c_int> {
+pub(super) fn bind(me: &Arc<CmId>, mut a: SocketAddr) -> Result<(), c_int> {
     let udp = me_ps(me) == ffi::RDMA_PS_UDP;
     let dev = if a.ip().is_unspecified() {
         None
@@ -811,621 +810,4 @@ pub unsafe extern "C" fn rdma_get_src_port(id: *mut ffi::rdma_cm_id) -> u16 {
 pub unsafe extern "C" fn rdma_get_dst_port(id: *mut ffi::rdma_cm_id) -> u16 {
     // SAFETY: as the caller guarantees.
     unsafe { get(id) }.map_or(0, |m| port_of(m.state().dst))
-}
-
-/// librdmacm's `ucma_create_cqs`: a completion channel and CQ for each
-/// queue the attributes leave without one.
-unsafe fn make_cqs(
-    me: &CmId,
-    verbs: *mut ffi::ibv_context,
-    attr: &mut ffi::ibv_qp_init_attr,
-) -> Result<bool, c_int> {
-    let c = me.c();
-    let mut made = false;
-    // SAFETY: `st` is held by the caller; the context is live.
-    unsafe {
-        if attr.recv_cq.is_null() {
-            let ch = crate::channel::ibv_create_comp_channel(verbs);
-            let cq = crate::resources::ibv_create_cq(
-                verbs,
-                attr.cap.max_recv_wr.max(1) as c_int,
-                c as *mut c_void,
-                ch,
-                0,
-            );
-            if ch.is_null() || cq.is_null() {
-                return Err(libc::ENOMEM);
-            }
-            (*c).recv_cq_channel = ch;
-            (*c).recv_cq = cq;
-            attr.recv_cq = cq;
-            made = true;
-        }
-        if attr.send_cq.is_null() {
-            let ch = crate::channel::ibv_create_comp_channel(verbs);
-            let cq = crate::resources::ibv_create_cq(
-                verbs,
-                attr.cap.max_send_wr.max(1) as c_int,
-                c as *mut c_void,
-                ch,
-                0,
-            );
-            if ch.is_null() || cq.is_null() {
-                return Err(libc::ENOMEM);
-            }
-            (*c).send_cq_channel = ch;
-            (*c).send_cq = cq;
-            attr.send_cq = cq;
-            made = true;
-        }
-    }
-    Ok(made)
-}
-
-/// Puts a new QP where rdma_cm keeps it: RC and UC at INIT, UD of the UDP
-/// port space at RTS with rdma_cm's Q_Key (librdmacm's ucma_init_conn_qp /
-/// ucma_init_ud_qp).
-fn init_qp(me: &CmId, dev: &CmDevice, qp: *mut ffi::ibv_qp) -> Result<(), c_int> {
-    // SAFETY: a QP of this library, just made.
-    let fq = unsafe { fqp(qp) };
-    // SAFETY: a context of this library.
-    let f = unsafe { fctx(dev.verbs) };
-    let r = match fq.qp.qp_type() {
-        ferroce_verbs::QpType::Ud if me_ps(me) == ffi::RDMA_PS_UDP => {
-            let st = me.state();
-            let sgid_index = st.src.map_or(0, |s| {
-                cm::source_gid_index(&f.ctx, 0, ferroce_verbs::context::gid_of(s.ip()))
-            });
-            cm::init_ud_qp(
-                &f.ctx,
-                &fq.qp,
-                &ConnectOptions {
-                    sgid_index,
-                    ..ConnectOptions::default()
-                },
-            )
-        }
-        ferroce_verbs::QpType::Ud => Ok(()),
-        _ => fq.qp.to_init(&ConnectOptions::default()),
-    };
-    r.map_err(|e| errno_of(&e))
-}
-
-/// rdma_create_qp: a QP for the ID on its device (PD: `pd`, else the ID's,
-/// else the device's), with CQs made for the queues `attr` leaves without.
-///
-/// # Safety
-/// `id` is live; `pd` NULL or live; `attr` readable and writable.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_create_qp(
-    id: *mut ffi::rdma_cm_id,
-    pd: *mut ffi::ibv_pd,
-    attr: *mut ffi::ibv_qp_init_attr,
-) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
-        Ok(m) => m,
-        Err(e) => return fail(e),
-    };
-    // SAFETY: as the caller guarantees.
-    let Some(attr) = (unsafe { attr.as_mut() }) else {
-        return fail(libc::EINVAL);
-    };
-    let mut st = me.state();
-    let Some(dev) = st.dev else {
-        return fail(libc::EINVAL);
-    };
-    let c = me.c();
-    // SAFETY: `st` held: the C struct is ours to read and write.
-    unsafe {
-        if !(*c).qp.is_null() {
-            return fail(libc::EINVAL);
-        }
-        let pd = if !pd.is_null() {
-            pd
-        } else if !(*c).pd.is_null() {
-            (*c).pd
-        } else {
-            dev.default_pd()
-        };
-        match make_cqs(&me, dev.verbs, attr) {
-            Ok(made) => st.made_cqs |= made,
-            Err(e) => return fail(e),
-        }
-        let qp = crate::qp::ibv_create_qp(pd, attr);
-        if qp.is_null() {
-            return -1;
-        }
-        drop(st);
-        if let Err(e) = init_qp(&me, dev, qp) {
-            crate::qp::ibv_destroy_qp(qp);
-            return fail(e);
-        }
-        let _st = me.state();
-        (*c).qp = qp;
-        (*c).pd = pd;
-    }
-    0
-}
-
-/// rdma_create_qp_ex: as [`rdma_create_qp`], with the attributes' PD.
-///
-/// # Safety
-/// `id` is live; `attr` readable and writable.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_create_qp_ex(
-    id: *mut ffi::rdma_cm_id,
-    attr: *mut ffi::ibv_qp_init_attr_ex,
-) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let Some(a) = (unsafe { attr.as_mut() }) else {
-        return fail(libc::EINVAL);
-    };
-    let mut basic = ffi::ibv_qp_init_attr {
-        qp_context: a.qp_context,
-        send_cq: a.send_cq,
-        recv_cq: a.recv_cq,
-        srq: a.srq,
-        cap: a.cap,
-        qp_type: a.qp_type,
-        sq_sig_all: a.sq_sig_all,
-    };
-    let pd = if a.comp_mask & ffi::IBV_QP_INIT_ATTR_PD != 0 {
-        a.pd
-    } else {
-        ptr::null_mut()
-    };
-    // SAFETY: as the caller guarantees.
-    let r = unsafe { rdma_create_qp(id, pd, &mut basic) };
-    a.send_cq = basic.send_cq;
-    a.recv_cq = basic.recv_cq;
-    a.cap = basic.cap;
-    r
-}
-
-/// rdma_destroy_qp: the ID's QP, and the CQs rdma_create_qp made for it.
-///
-/// # Safety
-/// `id` is live.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_destroy_qp(id: *mut ffi::rdma_cm_id) {
-    // SAFETY: as the caller guarantees.
-    let Ok(me) = (unsafe { get(id) }) else {
-        return;
-    };
-    let mut st = me.state();
-    let c = me.c();
-    // SAFETY: `st` held; the objects are this library's and the ID's.
-    unsafe {
-        if !(*c).qp.is_null() {
-            crate::qp::ibv_destroy_qp((*c).qp);
-            (*c).qp = ptr::null_mut();
-        }
-        if st.made_cqs {
-            st.made_cqs = false;
-            for (cq, ch) in [
-                (&mut (*c).send_cq, &mut (*c).send_cq_channel),
-                (&mut (*c).recv_cq, &mut (*c).recv_cq_channel),
-            ] {
-                if !cq.is_null() {
-                    crate::resources::ibv_destroy_cq(*cq);
-                    *cq = ptr::null_mut();
-                }
-                if !ch.is_null() {
-                    crate::channel::ibv_destroy_comp_channel(*ch);
-                    *ch = ptr::null_mut();
-                }
-            }
-        }
-    }
-}
-
-/// rdma_create_srq: an SRQ for the ID (PD as for rdma_create_qp).
-///
-/// # Safety
-/// `id` is live; `pd` NULL or live; `attr` readable and writable.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_create_srq(
-    id: *mut ffi::rdma_cm_id,
-    pd: *mut ffi::ibv_pd,
-    attr: *mut ffi::ibv_srq_init_attr,
-) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
-        Ok(m) => m,
-        Err(e) => return fail(e),
-    };
-    let st = me.state();
-    let Some(dev) = st.dev else {
-        return fail(libc::EINVAL);
-    };
-    let c = me.c();
-    // SAFETY: `st` held; objects of this library.
-    unsafe {
-        let pd = if !pd.is_null() {
-            pd
-        } else if !(*c).pd.is_null() {
-            (*c).pd
-        } else {
-            dev.default_pd()
-        };
-        let srq = crate::resources::ibv_create_srq(pd, attr);
-        if srq.is_null() {
-            return -1;
-        }
-        (*c).srq = srq;
-        (*c).pd = pd;
-    }
-    0
-}
-
-/// rdma_create_srq_ex: as [`rdma_create_srq`] (basic SRQs).
-///
-/// # Safety
-/// `id` is live; `attr` readable and writable.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_create_srq_ex(
-    id: *mut ffi::rdma_cm_id,
-    attr: *mut ffi::ibv_srq_init_attr_ex,
-) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let Some(a) = (unsafe { attr.as_mut() }) else {
-        return fail(libc::EINVAL);
-    };
-    let mut basic = ffi::ibv_srq_init_attr {
-        srq_context: a.srq_context,
-        attr: a.attr,
-    };
-    let pd = if a.comp_mask & ffi::IBV_SRQ_INIT_ATTR_PD != 0 {
-        a.pd
-    } else {
-        ptr::null_mut()
-    };
-    // SAFETY: as the caller guarantees.
-    let r = unsafe { rdma_create_srq(id, pd, &mut basic) };
-    a.attr = basic.attr;
-    r
-}
-
-/// rdma_destroy_srq.
-///
-/// # Safety
-/// `id` is live.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_destroy_srq(id: *mut ffi::rdma_cm_id) {
-    // SAFETY: as the caller guarantees.
-    let Ok(me) = (unsafe { get(id) }) else {
-        return;
-    };
-    let _st = me.state();
-    // SAFETY: `st` held; the ID's SRQ.
-    unsafe {
-        let c = me.c();
-        if !(*c).srq.is_null() {
-            crate::resources::ibv_destroy_srq((*c).srq);
-            (*c).srq = ptr::null_mut();
-        }
-    }
-}
-
-/// rdma_get_request: the next connection request of a synchronous
-/// listener, as a synchronous ID with the listener's QP attributes (from
-/// rdma_create_ep) already applied.
-///
-/// # Safety
-/// `listen` is live; `id` writable.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_get_request(
-    listen: *mut ffi::rdma_cm_id,
-    id: *mut *mut ffi::rdma_cm_id,
-) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let l = match unsafe { get(listen) } {
-        Ok(m) => m,
-        Err(e) => return fail(e),
-    };
-    let ch = match &l.state().own_channel {
-        Some(ch) => &**ch as *const Channel,
-        None => return fail(libc::EINVAL),
-    };
-    // SAFETY: the listener's own channel lives as long as it.
-    let ev = match unsafe { &*ch }.pop() {
-        Ok(ev) => ev,
-        Err(e) => return fail(e),
-    };
-    if ev.c.event != ffi::RDMA_CM_EVENT_CONNECT_REQUEST {
-        // SAFETY: a boxed event of this library.
-        unsafe { channel::rdma_ack_cm_event(Box::into_raw(ev) as *mut ffi::rdma_cm_event) };
-        return fail(libc::EINVAL);
-    }
-    let new = ev.c.id;
-    // SAFETY: the request's new ID, live until the program destroys it.
-    let child = unsafe { id_arc(new) };
-    if let Err(e) = make_sync(&child) {
-        return fail(e);
-    }
-    let (qp_init, pd) = {
-        let st = l.state();
-        // SAFETY: `st` held: the listener's PD field.
-        (st.qp_init, unsafe { (*l.c()).pd })
-    };
-    if let Some(mut attr) = qp_init {
-        // SAFETY: the new ID; the listener's PD (or NULL: the device's).
-        if unsafe { rdma_create_qp(new, pd, &mut attr) } != 0 {
-            return -1;
-        }
-    }
-    // SAFETY: the caller's out pointer; the event stays with the new ID
-    // until its next call acknowledges it.
-    unsafe {
-        (*new).event = Box::into_raw(ev) as *mut ffi::rdma_cm_event;
-        *id = new;
-    }
-    0
-}
-
-/// rdma_create_ep: a synchronous ID for `res` — bound and ready to listen
-/// (RAI_PASSIVE), or resolved towards its destination — with a QP when
-/// `qp_init_attr` is given (a passive ID keeps it for rdma_get_request).
-///
-/// # Safety
-/// `id` writable; `res` readable; `pd` NULL or live; `qp_init_attr` NULL or readable.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_create_ep(
-    id: *mut *mut ffi::rdma_cm_id,
-    res: *mut ffi::rdma_addrinfo,
-    pd: *mut ffi::ibv_pd,
-    qp_init_attr: *mut ffi::ibv_qp_init_attr,
-) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let Some(r) = (unsafe { res.as_ref() }) else {
-        return fail(libc::EINVAL);
-    };
-    if id.is_null() {
-        return fail(libc::EINVAL);
-    }
-    let ps = if r.ai_port_space != 0 {
-        r.ai_port_space as ffi::rdma_port_space
-    } else {
-        ffi::RDMA_PS_TCP
-    };
-    let mut new: *mut ffi::rdma_cm_id = ptr::null_mut();
-    // SAFETY: our own out pointer.
-    if unsafe { rdma_create_id(ptr::null_mut(), &mut new, ptr::null_mut(), ps) } != 0 {
-        return -1;
-    }
-    let passive = r.ai_flags & ffi::RAI_PASSIVE as c_int != 0;
-    // SAFETY: the new ID; the addresses of `res`.
-    let rc = unsafe {
-        if passive {
-            rdma_bind_addr(new, r.ai_src_addr)
-        } else {
-            match rdma_resolve_addr(new, r.ai_src_addr, r.ai_dst_addr, 2000) {
-                0 => rdma_resolve_route(new, 2000),
-                e => e,
-            }
-        }
-    };
-    if rc != 0 {
-        // SAFETY: the new ID, not handed out.
-        unsafe { rdma_destroy_id(new) };
-        return -1;
-    }
-    // SAFETY: the new ID is live.
-    let me = unsafe { id_arc(new) };
-    if !pd.is_null() {
-        let _st = me.state();
-        // SAFETY: `st` held.
-        unsafe { (*me.c()).pd = pd };
-    }
-    // SAFETY: as the caller guarantees.
-    if let Some(attr) = unsafe { qp_init_attr.as_mut() } {
-        // librdmacm takes the QP type from the address info.
-        if r.ai_qp_type != 0 {
-            attr.qp_type = r.ai_qp_type as ffi::ibv_qp_type;
-        }
-        if passive {
-            me.state().qp_init = Some(*attr);
-        } else if
-        // SAFETY: the new ID; the caller's attributes.
-        unsafe { rdma_create_qp(new, pd, attr) } != 0 {
-            // SAFETY: the new ID, not handed out.
-            unsafe { rdma_destroy_id(new) };
-            return -1;
-        }
-    }
-    // SAFETY: the caller's out pointer.
-    unsafe { *id = new };
-    0
-}
-
-/// rdma_destroy_ep: the ID's QP (and CQs made for it), then the ID.
-///
-/// # Safety
-/// `id` is live and not used afterwards.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_destroy_ep(id: *mut ffi::rdma_cm_id) {
-    // SAFETY: as the caller guarantees.
-    unsafe {
-        rdma_destroy_qp(id);
-        rdma_destroy_srq(id);
-        rdma_destroy_id(id);
-    }
-}
-
-/// rdma_get_devices: the contexts of every device (opened once, shared).
-///
-/// # Safety
-/// `num` NULL or writable.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_get_devices(num: *mut c_int) -> *mut *mut ffi::ibv_context {
-    let devs = device::all();
-    // SAFETY: calloc of n+1 pointers, NULL-terminated; freed by rdma_free_devices.
-    let list = unsafe { libc::calloc(devs.len() + 1, std::mem::size_of::<*mut ffi::ibv_context>()) }
-        as *mut *mut ffi::ibv_context;
-    if list.is_null() {
-        set_errno(libc::ENOMEM);
-        return ptr::null_mut();
-    }
-    for (i, d) in devs.iter().enumerate() {
-        // SAFETY: i < n+1.
-        unsafe { *list.add(i) = d.verbs };
-    }
-    if !num.is_null() {
-        // SAFETY: the caller's int.
-        unsafe { *num = devs.len() as c_int };
-    }
-    list
-}
-
-/// rdma_free_devices.
-///
-/// # Safety
-/// `list` came from rdma_get_devices.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ffi::ibv_context) {
-    // SAFETY: allocated with calloc.
-    unsafe { libc::free(list as *mut c_void) };
-}
-
-/// rdma_join_multicast_ex: joins the ID's UD QP to a group (attached
-/// unless send-only; the device joins the IP group); MULTICAST_JOIN follows
-/// with the group's address handle, QPN 0xFFFFFF and rdma_cm's Q_Key, and
-/// `context` as its private data, as librdmacm reports it.
-///
-/// # Safety
-/// `id` is live; `attr` readable with a readable address.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_join_multicast_ex(
-    id: *mut ffi::rdma_cm_id,
-    attr: *mut ffi::rdma_cm_join_mc_attr_ex,
-    context: *mut c_void,
-) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
-        Ok(m) => m,
-        Err(e) => return fail(e),
-    };
-    // SAFETY: as the caller guarantees.
-    let Some(a) = (unsafe { attr.as_ref() }) else {
-        return fail(libc::EINVAL);
-    };
-    if a.comp_mask & ffi::RDMA_CM_JOIN_MC_ATTR_ADDRESS == 0 {
-        return fail(libc::EINVAL);
-    }
-    let kind = if a.comp_mask & ffi::RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS != 0 {
-        match a.join_flags {
-            ffi::RDMA_MC_JOIN_FLAG_FULLMEMBER => JoinKind::FullMember,
-            ffi::RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER => JoinKind::SendOnlyFullMember,
-            _ => return fail(libc::EINVAL),
-        }
-    } else {
-        JoinKind::FullMember
-    };
-    // SAFETY: as the caller guarantees.
-    let Some(group) = (unsafe { from_c(a.addr as *const libc::sockaddr) }) else {
-        return fail(libc::EINVAL);
-    };
-    if me_ps(&me) != ffi::RDMA_PS_UDP {
-        return fail(libc::EINVAL);
-    }
-    let (dev, joined) = {
-        let mut st = me.state();
-        if st.dev.is_none() {
-            // Not bound: the group's route picks the device (librdmacm resolves it).
-            drop(st);
-            let src = match addr::route_source(group.ip()) {
-                Ok(s) => s,
-                Err(_) => return fail(libc::ENODEV),
-            };
-            if let Err(e) = bind(&me, SocketAddr::new(src, 0)) {
-                return fail(e);
-            }
-            st = me.state();
-        }
-        let Some(dev) = st.dev else {
-            return fail(libc::ENODEV);
-        };
-        // SAFETY: the ID's QP, if any, is live.
-        let qp = unsafe { (*me.c()).qp };
-        if qp.is_null() {
-            return fail(libc::EINVAL);
-        }
-        // SAFETY: a QP of this library.
-        let fq = unsafe { fqp(qp) };
-        match multicast::join(&fq.qp, group.ip(), kind) {
-            Ok(j) => {
-                st.groups.push(j);
-                (dev, j)
-            }
-            Err(e) => return fail(errno_of(&e)),
-        }
-    };
-    let ud = ffi::rdma_ud_param {
-        ah_attr: dev.ah_attr(&me, joined.mgid, joined.hop_limit),
-        qp_num: joined.qpn,
-        qkey: joined.qkey,
-        ..Default::default()
-    };
-    let mut ev =
-        Event::new(&me, me.handle(), ffi::RDMA_CM_EVENT_MULTICAST_JOIN, 0).with_ud(ud, &[]);
-    // librdmacm hands the join's context back as the private data pointer.
-    ev.c.param.ud.private_data = context;
-    ev.c.param.ud.private_data_len = 0;
-    me.report(ev);
-    done(complete(&me))
-}
-
-/// rdma_join_multicast: a full-member join of `addr`.
-///
-/// # Safety
-/// `id` is live; `addr` readable.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_join_multicast(
-    id: *mut ffi::rdma_cm_id,
-    addr: *mut ffi::sockaddr,
-    context: *mut c_void,
-) -> c_int {
-    let mut attr = ffi::rdma_cm_join_mc_attr_ex {
-        comp_mask: ffi::RDMA_CM_JOIN_MC_ATTR_ADDRESS,
-        join_flags: 0,
-        addr,
-    };
-    // SAFETY: as the caller guarantees.
-    unsafe { rdma_join_multicast_ex(id, &mut attr, context) }
-}
-
-/// rdma_leave_multicast: detaches the ID's QP from the group.
-///
-/// # Safety
-/// `id` is live; `addr` readable.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_leave_multicast(
-    id: *mut ffi::rdma_cm_id,
-    addr: *mut ffi::sockaddr,
-) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
-        Ok(m) => m,
-        Err(e) => return fail(e),
-    };
-    // SAFETY: as the caller guarantees.
-    let Some(group) = (unsafe { from_c(addr as *const libc::sockaddr) }) else {
-        return fail(libc::EINVAL);
-    };
-    let mut st = me.state();
-    let Some(i) = st.groups.iter().position(|j| j.group == group.ip()) else {
-        return fail(libc::EADDRNOTAVAIL);
-    };
-    let joined = st.groups.remove(i);
-    // SAFETY: the ID's QP, if any, is live.
-    let qp = unsafe { (*me.c()).qp };
-    if qp.is_null() {
-        return 0;
-    }
-    // SAFETY: a QP of this library.
-    match multicast::leave(&unsafe { fqp(qp) }.qp, &joined) {
-        Ok(()) => 0,
-        Err(e) => fail(errno_of(&e)),
-    }
 }

@@ -29,7 +29,10 @@ use crate::ffi;
 pub mod addr;
 pub mod channel;
 pub mod device;
+pub mod ep;
 pub mod id;
+pub mod multicast;
+pub mod qp;
 pub mod unsupported;
 
 use channel::{Channel, Event};
