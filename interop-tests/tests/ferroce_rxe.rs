@@ -2165,6 +2165,7 @@ fn rdma_cm_interop() {
         (CmTool::Ucmatose, false),
         (CmTool::Mckey, false),
         (CmTool::Rping, true),
+        (CmTool::RpingOwnQp, false),
     ] {
         for ferroce_serves in [false, true] {
             rows.push(rdma_cm_case(
@@ -2204,18 +2205,23 @@ fn rdma_cm_interop() {
          (UD SEND 0x64 to QP1), each frame with a good ICRC. `rping` and `udaddy` run over IPv6 \
          too (the stock server bound to its IPv6 address; each CM takes the GIDs of the \
          addresses' family). Rows marked \"drop-in\" run the same stock tool on the host too, \
-         unmodified, over ferroce's `libibverbs.so.1` / `librdmacm.so.1` (`LD_LIBRARY_PATH`).",
+         unmodified, over ferroce's `libibverbs.so.1` / `librdmacm.so.1` (`LD_LIBRARY_PATH`); \
+         `rping -q` there makes and moves its QPs itself (rdma_init_qp_attr's attributes, \
+         rdma_accept naming the QP, rdma_establish after CONNECT_RESPONSE).",
         &rows,
     );
 }
 
 /// Which librdmacm example a case runs.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum CmTool {
     /// `rdma_server` / `rdma_client`.
     Examples,
     /// `rping -s` / `rping -c`.
     Rping,
+    /// `rping -q`: each side makes and moves its QP itself (rdma_init_qp_attr,
+    /// rdma_establish, rdma_accept naming the QP); the drop-in only.
+    RpingOwnQp,
     /// `udaddy` / `udaddy -s`.
     Udaddy,
     /// `ucmatose` / `ucmatose -s`.
@@ -2250,6 +2256,10 @@ fn stock_cm_commands(
         CmTool::Rping => (
             format!("rping -s -v{}", at("-a")),
             format!("rping -c -a {target} -v -V -C 3"),
+        ),
+        CmTool::RpingOwnQp => (
+            format!("rping -s -q -v{}", at("-a")),
+            format!("rping -c -q -a {target} -v -V -C 3"),
         ),
         // The client gives its messages a TOS (-t); the server answers with the TOS they
         // came with.
@@ -2301,8 +2311,12 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool, v6: bool, host: H
             vec!["rdma-client".to_string(), "-s".into(), vm_addr.clone()],
             &[0x64, 0x04, 0x11],
         ),
-        CmTool::Rping => (
-            "cm-rping",
+        CmTool::Rping | CmTool::RpingOwnQp => (
+            if tool == CmTool::Rping {
+                "cm-rping"
+            } else {
+                "cm-rping-q"
+            },
             vec!["rping".to_string(), "-s".into(), "-v".into()],
             vec![
                 "rping".to_string(),
@@ -2387,7 +2401,7 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool, v6: bool, host: H
     let vm = env.vm();
     let dev = match tool {
         CmTool::Examples | CmTool::Udaddy | CmTool::Ucmatose | CmTool::Mckey => "-d",
-        CmTool::Rping => "--ib-dev",
+        CmTool::Rping | CmTool::RpingOwnQp => "--ib-dev",
     };
     let base = [
         dev.to_string(),
@@ -2484,7 +2498,7 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool, v6: bool, host: H
                 } else {
                     "rdma_client: end 0"
                 }),
-                CmTool::Rping => {
+                CmTool::Rping | CmTool::RpingOwnQp => {
                     let prefix = if is_server {
                         "server ping data: rdma-ping-"
                     } else {
@@ -2533,7 +2547,7 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool, v6: bool, host: H
             let tos_of: &[u8] = match tool {
                 CmTool::Udaddy => &[0x65],
                 CmTool::Ucmatose => &[0x04, 0x64],
-                CmTool::Examples | CmTool::Rping | CmTool::Mckey => &[],
+                CmTool::Examples | CmTool::Rping | CmTool::RpingOwnQp | CmTool::Mckey => &[],
             };
             if let CmTool::Mckey = tool {
                 match multicast_messages(&pcap, mckey_group(ferroce_serves), 5) {
@@ -2560,6 +2574,11 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool, v6: bool, host: H
         CmTool::Rping => (
             format!("rping {}", if ferroce_serves { "-c" } else { "-s" }),
             "rdma_cm connect, 3 pings (READ + WRITE of 64 B each), -V, disconnect",
+            "port 7174",
+        ),
+        CmTool::RpingOwnQp => (
+            format!("rping -q {}", if ferroce_serves { "-c" } else { "-s" }),
+            "rdma_cm connect of QPs each program moves itself (rdma_init_qp_attr), 3 pings, -V",
             "port 7174",
         ),
         CmTool::Ucmatose => (

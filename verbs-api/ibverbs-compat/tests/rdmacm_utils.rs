@@ -104,6 +104,14 @@ fn rdmacm_tools_on_loopback() {
         5,
         "{c}"
     );
+    // The same with QPs each program makes and moves itself
+    // (rdma_init_qp_attr, rdma_accept naming the QP, rdma_establish).
+    let (s, c) = pair(
+        "rping -s -q -a 127.0.0.1 -p 7185 -v -C 3",
+        "rping -c -q -a 127.0.0.1 -p 7185 -v -V -C 3",
+    );
+    assert!(s.contains("server ping data: rdma-ping-2"), "{s}");
+    assert!(c.contains("ping data: rdma-ping-2"), "{c}");
     // Two RC connections, 5 SENDs each way on each; the server disconnects.
     let (s, c) = pair(
         "ucmatose -p 7181 -c 2 -C 5 -S 2000",

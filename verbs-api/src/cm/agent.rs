@@ -781,15 +781,12 @@ impl<'a> CmAgent<'a> {
         sent.map(|()| local_comm_id)
     }
 
-    /// rdma_connect's second half, on [`CmEvent::Reply`] `rep` to
-    /// connection `id`: moves `qp` (the one the REQ named) to RTS and
-    /// confirms with an RTU. When `qp` cannot take the REP's terms the
-    /// REP is rejected and the error returned.
-    pub fn finish_connect(&mut self, id: u32, qp: &QueuePair<'_>, rep: &Rep) -> Result<Connection> {
-        let Some((peer_gid, tid, tclass, Some((param, psn)))) = self
-            .conns
-            .get(&id)
-            .map(|c| (c.peer_gid, c.tid, c.traffic_class, c.offer.clone()))
+    /// What the active side's QP of connection `id` is moved with on the
+    /// peer's REP `rep` (what [`CmAgent::finish_connect`] applies, and
+    /// rdma_init_qp_attr reports for a QP its program moves).
+    pub fn connect_terms(&self, id: u32, rep: &Rep) -> Result<(ConnectOptions, RemoteQp)> {
+        let Some((peer_gid, Some((param, psn)))) =
+            self.conns.get(&id).map(|c| (c.peer_gid, c.offer.clone()))
         else {
             return Err(Error::Cm(format!("no connection {id:#x} is being set up")));
         };
@@ -810,6 +807,22 @@ impl<'a> CmAgent<'a> {
             qpn: rep.local_qpn,
             psn,
             gid: peer_gid,
+        };
+        Ok((opts, remote))
+    }
+
+    /// rdma_connect's second half, on [`CmEvent::Reply`] `rep` to
+    /// connection `id`: moves `qp` (the one the REQ named) to RTS and
+    /// confirms with an RTU. When `qp` cannot take the REP's terms the
+    /// REP is rejected and the error returned.
+    pub fn finish_connect(&mut self, id: u32, qp: &QueuePair<'_>, rep: &Rep) -> Result<Connection> {
+        let (opts, remote) = self.connect_terms(id, rep)?;
+        let Some((peer_gid, tid, tclass)) = self
+            .conns
+            .get(&id)
+            .map(|c| (c.peer_gid, c.tid, c.traffic_class))
+        else {
+            return Err(Error::Cm(format!("no connection {id:#x} is being set up")));
         };
         if let Err(e) = qp.connect(self.ctx, &remote, &opts) {
             // No resources for the connection the REP offered (IBTA table 109: 3).
@@ -847,28 +860,17 @@ impl<'a> CmAgent<'a> {
         })
     }
 
-    /// rdma_accept's first half: moves `qp` (RC, RESET or INIT) to RTS
-    /// towards the requester and sends the REP (again until answered).
-    /// Returns the connection; [`CmEvent::Established`] follows on the RTU
-    /// (or [`CmEvent::Rejected`], [`CmEvent::TimedOut`]).
-    pub fn start_accept(
-        &mut self,
-        request: &Request,
-        qp: &QueuePair<'_>,
-        param: &ConnParam,
-    ) -> Result<Connection> {
+    /// What the passive side's QP is moved with to accept `request` with
+    /// `param` (what [`CmAgent::start_accept`] applies, and
+    /// rdma_init_qp_attr reports for a QP its program moves).
+    pub fn accept_terms(&self, request: &Request, param: &ConnParam) -> (ConnectOptions, RemoteQp) {
         let r = &request.req;
         let peer_gid = Ipv6Addr::from(r.primary.local_gid);
-        self.forget_request(peer_gid, r.local_comm_id);
-        if qp.state()? == QpState::Reset {
-            qp.to_init(&self.options(peer_gid, 1024, r.primary.traffic_class))?;
-        }
         let mtu = mtu_bytes(r.path_mtu).min(self.ctx.query_port().active_mtu);
-        let psn = crate::device::seed_from_os() as u32 & 0x00ff_ffff;
         // Each side keeps out no more READs than the other answers.
         let responder = param.responder_resources.min(r.initiator_depth);
         let initiator = param.initiator_depth.min(r.responder_resources);
-        // We send from the REQ's starting PSN and expect ours (see finish_connect).
+        // We send from the REQ's starting PSN and expect ours (see connect_terms).
         let opts = ConnectOptions {
             local_psn: r.starting_psn,
             timeout: if r.primary.local_ack_timeout == 0 {
@@ -884,25 +886,59 @@ impl<'a> CmAgent<'a> {
         };
         let remote = RemoteQp {
             qpn: r.local_qpn,
-            psn,
+            psn: request.psn,
             gid: peer_gid,
         };
+        (opts, remote)
+    }
+
+    /// rdma_accept's first half: moves `qp` (RC, RESET or INIT) to RTS
+    /// towards the requester and sends the REP (again until answered).
+    /// Returns the connection; [`CmEvent::Established`] follows on the RTU
+    /// (or [`CmEvent::Rejected`], [`CmEvent::TimedOut`]).
+    pub fn start_accept(
+        &mut self,
+        request: &Request,
+        qp: &QueuePair<'_>,
+        param: &ConnParam,
+    ) -> Result<Connection> {
+        let r = &request.req;
+        let peer_gid = Ipv6Addr::from(r.primary.local_gid);
+        if qp.state()? == QpState::Reset {
+            qp.to_init(&self.options(peer_gid, 1024, r.primary.traffic_class))?;
+        }
+        let (opts, remote) = self.accept_terms(request, param);
         qp.connect(self.ctx, &remote, &opts)?;
+        self.send_rep(request, qp.qpn(), qp.has_srq(), param)
+    }
+
+    /// rdma_accept for a QP its program has moved to RTS with
+    /// [`CmAgent::accept_terms`]: the REP names QP `qpn`.
+    pub fn send_rep(
+        &mut self,
+        request: &Request,
+        qpn: u32,
+        srq: bool,
+        param: &ConnParam,
+    ) -> Result<Connection> {
+        let r = &request.req;
+        let peer_gid = Ipv6Addr::from(r.primary.local_gid);
+        self.forget_request(peer_gid, r.local_comm_id);
         let local_comm_id = self.new_comm_id();
         let rep = CmMessage::Rep(Box::new(Rep {
             local_comm_id,
             remote_comm_id: r.local_comm_id,
             local_qkey: 0,
-            local_qpn: qp.qpn(),
-            starting_psn: psn,
-            responder_resources: responder,
-            initiator_depth: initiator,
+            local_qpn: qpn,
+            starting_psn: request.psn,
+            responder_resources: param.responder_resources.min(r.initiator_depth),
+            initiator_depth: param.initiator_depth.min(r.responder_resources),
             // rxe's local_ca_ack_delay.
             target_ack_delay: 15,
             failover_accepted: 0,
             end_to_end_flow_control: true,
             rnr_retry_count: param.rnr_retry_count,
-            srq: qp.has_srq(),
+            srq,
             local_ca_guid: self.guid,
             private_data: private_of(&param.private_data, mad::REP_PRIVATE_LEN)?,
         }));
@@ -1021,8 +1057,20 @@ impl<'a> CmAgent<'a> {
             return Err(Error::Cm("SIDR answers with a UD QP".into()));
         }
         let qkey = qp.query()?.qkey;
+        self.accept_ud_qpn(request, qp.qpn(), qkey, private_data)
+    }
+
+    /// [`CmAgent::accept_ud`] naming QP `qpn` and its Q_Key (a QP its
+    /// program made without rdma_cm).
+    pub fn accept_ud_qpn(
+        &mut self,
+        request: &UdRequest,
+        qpn: u32,
+        qkey: u32,
+        private_data: &[u8],
+    ) -> Result<()> {
         let private = private_of(private_data, mad::SIDR_REP_PRIVATE_LEN)?;
-        self.answer_ud(request, sidr_status::SUCCESS, qp.qpn(), qkey, private)
+        self.answer_ud(request, sidr_status::SUCCESS, qpn, qkey, private)
     }
 
     /// rdma_reject for a UD port: a SIDR_REP with `status`.
@@ -1117,6 +1165,7 @@ fn request_of(tid: u64, r: Req, tclass: u8) -> Option<Request> {
             srq: r.srq,
         },
         remote_qpn: r.local_qpn,
+        psn: crate::device::seed_from_os() as u32 & 0x00ff_ffff,
         req: r,
         tid,
         traffic_class: tclass,

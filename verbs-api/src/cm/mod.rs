@@ -252,6 +252,9 @@ pub struct Request {
     pub offer: PeerOffer,
     /// The requester's QP.
     pub remote_qpn: u32,
+    /// The first PSN this side expects, chosen on arrival: the REP offers
+    /// it, and a QP its program moves is given it before the REP goes.
+    psn: u32,
     req: Req,
     tid: u64,
     /// The traffic class answers to it go with (the kernel's CM answers

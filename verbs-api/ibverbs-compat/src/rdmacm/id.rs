@@ -583,20 +583,26 @@ pub unsafe extern "C" fn rdma_accept(
         return fail(libc::EINVAL);
     };
     // SAFETY: as the caller guarantees.
-    let (p, _) = unsafe { conn_param(param, &st) };
+    let (p, qp_num) = unsafe { conn_param(param, &st) };
+    // SAFETY: as the caller guarantees.
+    let srq = unsafe { param.as_ref() }.is_some_and(|p| p.srq != 0);
     // SAFETY: the ID's QP, if any, is live.
     let qp = unsafe { (*me.c()).qp };
-    if qp.is_null() {
-        // Accepting for a QP the program moves itself needs
-        // rdma_init_qp_attr, which this library does not offer.
-        return fail(libc::EOPNOTSUPP);
-    }
     // SAFETY: a QP of this library.
-    let fq = unsafe { fqp(qp) };
+    let fq = (!qp.is_null()).then(|| unsafe { fqp(qp) });
+    if fq.is_none() && qp_num == 0 {
+        // Without a QP of rdma_create_qp, the parameters name the QP.
+        return fail(libc::EINVAL);
+    }
     let r = match st.request.take() {
         Some(Pending::Rc(req)) => {
             let mut a = dev.agent();
-            match a.start_accept(&req, &fq.qp, &p) {
+            // A QP its program moved (with rdma_init_qp_attr's terms) is at RTS.
+            let accepted = match fq {
+                Some(fq) => a.start_accept(&req, &fq.qp, &p),
+                None => a.send_rep(&req, qp_num, srq, &p),
+            };
+            match accepted {
                 Ok(conn) => {
                     dev.own(conn.local_comm_id, &me);
                     drop(a);
@@ -611,7 +617,12 @@ pub unsafe extern "C" fn rdma_accept(
             }
         }
         Some(Pending::Ud(req)) => {
-            let r = dev.agent().accept_ud(&req, &fq.qp, &p.private_data);
+            let r = match fq {
+                Some(fq) => dev.agent().accept_ud(&req, &fq.qp, &p.private_data),
+                None => dev
+                    .agent()
+                    .accept_ud_qpn(&req, qp_num, cm::RDMA_UDP_QKEY, &p.private_data),
+            };
             r.map(|()| false).map_err(|e| errno_of(&e))
         }
         None => Err(libc::EINVAL),

@@ -9,7 +9,7 @@ use ferroce_verbs::ConnectOptions;
 
 use super::device::CmDevice;
 use super::id::{get, me_ps};
-use super::{fail, CmId};
+use super::{fail, CmId, Pending};
 use crate::ffi;
 use crate::handles::{errno_of, fctx, fqp};
 
@@ -306,4 +306,124 @@ pub unsafe extern "C" fn rdma_destroy_srq(id: *mut ffi::rdma_cm_id) {
             (*c).srq = ptr::null_mut();
         }
     }
+}
+
+/// rdma_init_qp_attr: the attributes that move a QP its program manages to
+/// `qp_attr->qp_state` for this ID's connection, with their mask: INIT
+/// (P_Key index, port, access; UD: rdma_cm's Q_Key), RTR and RTS (the
+/// terms the agent applies to QPs it moves itself: path, MTU, the peer's
+/// QPN, both PSNs, READ depths, time-outs). RTR and RTS need the
+/// connection's request (passive side) or the peer's REP (active side,
+/// after CONNECT_RESPONSE).
+///
+/// # Safety
+/// `id` is live; `qp_attr` and `qp_attr_mask` readable and writable.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_init_qp_attr(
+    id: *mut ffi::rdma_cm_id,
+    qp_attr: *mut ffi::ibv_qp_attr,
+    qp_attr_mask: *mut c_int,
+) -> c_int {
+    // SAFETY: as the caller guarantees.
+    let me = match unsafe { get(id) } {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    // SAFETY: as the caller guarantees.
+    let (Some(attr), Some(mask)) = (unsafe { qp_attr.as_mut() }, unsafe {
+        qp_attr_mask.as_mut()
+    }) else {
+        return fail(libc::EINVAL);
+    };
+    let st = me.state();
+    let Some(dev) = st.dev else {
+        return fail(libc::EINVAL);
+    };
+    let ud = me_ps(&me) == ffi::RDMA_PS_UDP;
+    let state = attr.qp_state;
+    let mut m = ffi::IBV_QP_STATE;
+    match state {
+        ffi::IBV_QPS_INIT => {
+            attr.pkey_index = 0;
+            attr.port_num = 1;
+            m |= ffi::IBV_QP_PKEY_INDEX | ffi::IBV_QP_PORT;
+            if ud {
+                attr.qkey = cm::RDMA_UDP_QKEY;
+                m |= ffi::IBV_QP_QKEY;
+            } else {
+                attr.qp_access_flags = ConnectOptions::default().access.0;
+                m |= ffi::IBV_QP_ACCESS_FLAGS;
+            }
+        }
+        ffi::IBV_QPS_RTR | ffi::IBV_QPS_RTS if ud => {
+            attr.sq_psn = 0;
+            if state == ffi::IBV_QPS_RTS {
+                m |= ffi::IBV_QP_SQ_PSN;
+            }
+        }
+        ffi::IBV_QPS_RTR | ffi::IBV_QPS_RTS => {
+            let a = dev.agent();
+            let terms = match (&st.request, st.comm_id, &st.reply) {
+                (Some(Pending::Rc(req)), _, _) => {
+                    let param = cm::ConnParam {
+                        traffic_class: st.tos,
+                        ack_timeout: st
+                            .ack_timeout
+                            .unwrap_or(cm::ConnParam::default().ack_timeout),
+                        ..cm::ConnParam::default()
+                    };
+                    Ok(a.accept_terms(req, &param))
+                }
+                (_, Some(cid), Some(rep)) => a.connect_terms(cid, rep),
+                _ => return fail(libc::EINVAL),
+            };
+            let (opts, remote) = match terms {
+                Ok(t) => t,
+                Err(e) => return fail(errno_of(&e)),
+            };
+            if state == ffi::IBV_QPS_RTR {
+                attr.ah_attr = ah_attr_of(&opts, remote.gid);
+                attr.path_mtu = crate::devices::mtu_enum(opts.path_mtu);
+                attr.dest_qp_num = remote.qpn;
+                attr.rq_psn = remote.psn;
+                attr.max_dest_rd_atomic = opts.max_dest_rd_atomic;
+                attr.min_rnr_timer = opts.min_rnr_timer;
+                m |= ffi::IBV_QP_AV
+                    | ffi::IBV_QP_PATH_MTU
+                    | ffi::IBV_QP_DEST_QPN
+                    | ffi::IBV_QP_RQ_PSN
+                    | ffi::IBV_QP_MAX_DEST_RD_ATOMIC
+                    | ffi::IBV_QP_MIN_RNR_TIMER;
+            } else {
+                attr.sq_psn = opts.local_psn;
+                attr.timeout = opts.timeout;
+                attr.retry_cnt = opts.retry_cnt;
+                attr.rnr_retry = opts.rnr_retry;
+                attr.max_rd_atomic = opts.max_rd_atomic;
+                m |= ffi::IBV_QP_SQ_PSN
+                    | ffi::IBV_QP_TIMEOUT
+                    | ffi::IBV_QP_RETRY_CNT
+                    | ffi::IBV_QP_RNR_RETRY
+                    | ffi::IBV_QP_MAX_QP_RD_ATOMIC;
+            }
+        }
+        _ => return fail(libc::EINVAL),
+    }
+    *mask = m as c_int;
+    0
+}
+
+/// A connected QP's address vector from its options (global: RoCE v2).
+fn ah_attr_of(opts: &ConnectOptions, dgid: std::net::Ipv6Addr) -> ffi::ibv_ah_attr {
+    let mut ah = ffi::ibv_ah_attr {
+        is_global: 1,
+        port_num: 1,
+        ..Default::default()
+    };
+    ah.grh.dgid = ffi::ibv_gid { raw: dgid.octets() };
+    ah.grh.sgid_index = opts.sgid_index as u8;
+    ah.grh.hop_limit = opts.hop_limit;
+    ah.grh.traffic_class = opts.traffic_class;
+    ah.grh.flow_label = opts.flow_label;
+    ah
 }

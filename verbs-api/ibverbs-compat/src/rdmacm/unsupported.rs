@@ -1,7 +1,6 @@
 //! The rest of librdmacm's ABI, which ferroce does not back: rsockets (a
-//! socket-like protocol of its own over RDMA), ECE (enhanced connection
-//! establishment, which rxe does not offer either) and rdma_init_qp_attr
-//! (for programs that move their rdma_cm QPs themselves). They exist so the
+//! socket-like protocol of its own over RDMA) and ECE (enhanced connection
+//! establishment, which rxe does not offer either). They exist so the
 //! dynamic loader resolves every import; called, they fail with -1 and
 //! errno EOPNOTSUPP. Arguments are not declared: on x86-64 System V the
 //! caller owns its arguments, so a function that ignores them may omit them.
@@ -18,7 +17,6 @@ macro_rules! fail_minus_one {
 }
 
 fail_minus_one!(
-    rdma_init_qp_attr,
     rdma_get_remote_ece,
     rdma_set_local_ece,
     rdma_reject_ece,
