@@ -486,7 +486,7 @@ pub(crate) const RAW_TABLE: &str = "raw";
 /// user's sockets can join a group). The PID namespace is named too: a
 /// member is known dead by its PID, which only means something there.
 pub(crate) fn table_stem(kind: &str) -> String {
-    let netns = ns_ino(&["/proc/thread-self/ns/net", "/proc/self/ns/net"]);
+    let netns = crate::netns::current_net_ino();
     format!("{}{netns}-", owner_stem(kind))
 }
 

@@ -176,19 +176,23 @@ pub unsafe extern "C" fn ibv_get_device_index(dev: *mut ffi::ibv_device) -> c_in
     unsafe { fdev(dev).index }
 }
 
-/// The devices open in this process, by interface.
-static OPEN: std::sync::Mutex<Vec<(String, WeakContext)>> = std::sync::Mutex::new(Vec::new());
+/// The devices open in this process, by network namespace and interface.
+#[allow(clippy::type_complexity)]
+static OPEN: std::sync::Mutex<Vec<((u64, String), WeakContext)>> =
+    std::sync::Mutex::new(Vec::new());
 
-/// The ferroce device of interface `ifname`: the one already open in this
-/// process, else a new one. Contexts of one device share it, as two
-/// ibv_open_device calls on one RNIC share its QPN space; librdmacm's own
-/// context and the program's on the same interface are one device then.
+/// The ferroce device of interface `ifname` (in the calling thread's
+/// network namespace): the one already open in this process, else a new
+/// one. Contexts of one device share it, as two ibv_open_device calls on one
+/// RNIC share its QPN space; librdmacm's own context and the program's on
+/// the same interface are one device then.
 fn shared_context(ifname: &str) -> Result<Context, ()> {
+    let key = (ferroce_nic::netns::current_net_ino(), ifname.to_string());
     let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
     open.retain(|(_, w)| w.upgrade().is_some());
     if let Some(c) = open
         .iter()
-        .find(|(n, _)| n == ifname)
+        .find(|(k, _)| *k == key)
         .and_then(|(_, w)| w.upgrade())
     {
         return Ok(c);
@@ -196,7 +200,7 @@ fn shared_context(ifname: &str) -> Result<Context, ()> {
     let be = backend();
     match Context::open(&DeviceConfig::new(ifname, be), OpenOptions::default()) {
         Ok(c) => {
-            open.push((ifname.to_string(), c.downgrade()));
+            open.push((key, c.downgrade()));
             Ok(c)
         }
         Err(e) => {

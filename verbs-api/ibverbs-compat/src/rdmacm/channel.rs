@@ -131,6 +131,11 @@ impl Channel {
         Ok(ev)
     }
 
+    /// How many events wait to be taken.
+    pub fn queued(&self) -> usize {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     /// Drops the queued events counted against `id` (it is going away),
     /// keeping the fd's count right.
     pub fn purge(&self, id: *const CmId) -> usize {

@@ -703,7 +703,8 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut ffi::rdma_cm_id) -> c_int {
     }
     let (dev, waits) = {
         let st = me.state();
-        let (Some(dev), Some(cid)) = (st.dev, st.comm_id) else {
+        // Only a connection is disconnected (not a UD ID, not one never set up).
+        let (Some(dev), Some(cid), Some(_)) = (st.dev, st.comm_id, &st.conn) else {
             return fail(libc::EINVAL);
         };
         let r = dev.agent().start_disconnect(cid);
@@ -713,9 +714,14 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut ffi::rdma_cm_id) -> c_int {
         }
     };
     dev.pump();
-    // A synchronous ID waits for its DISCONNECTED (already queued when
-    // the peer disconnected first).
-    if waits || me.state().own_channel.is_some() {
+    // A synchronous ID waits for its DISCONNECTED: the DREP's, or the
+    // peer's own DREQ's, already queued when it came first.
+    let queued = me
+        .state()
+        .own_channel
+        .as_ref()
+        .is_some_and(|c| c.queued() > 0);
+    if waits || queued {
         done(complete(&me))
     } else {
         0
