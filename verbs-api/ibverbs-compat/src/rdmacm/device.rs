@@ -213,6 +213,14 @@ impl CmDevice {
         }
     }
 
+    /// The ID listening on `port`, unless it is being destroyed (then the
+    /// request is refused as if no one listened).
+    fn listener(&self, port: u16, ud: bool) -> Option<Arc<CmId>> {
+        let l = lock(&self.listeners).get(&(port, ud)).cloned()?;
+        let gone = l.state().destroyed;
+        (!gone).then_some(l)
+    }
+
     fn owner(&self, comm_id: u32) -> Option<Arc<CmId>> {
         lock(&self.owners).get(&comm_id).cloned()
     }
@@ -220,7 +228,7 @@ impl CmDevice {
     fn dispatch(&'static self, ev: CmEvent) {
         match ev {
             CmEvent::Request(r) => {
-                let Some(listener) = lock(&self.listeners).get(&(r.port, false)).cloned() else {
+                let Some(listener) = self.listener(r.port, false) else {
                     let _ = self
                         .agent()
                         .reject(&r, ferroce_verbs::cm::REJ_INVALID_SERVICE_ID);
@@ -241,7 +249,7 @@ impl CmDevice {
                 listener.report(with_listener(ev, &listener));
             }
             CmEvent::UdRequest(r) => {
-                let Some(listener) = lock(&self.listeners).get(&(r.port, true)).cloned() else {
+                let Some(listener) = self.listener(r.port, true) else {
                     let _ = self
                         .agent()
                         .reject_ud(&r, ferroce_stack::wire::mad::sidr_status::UNSUPPORTED);

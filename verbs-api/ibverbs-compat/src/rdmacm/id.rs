@@ -195,7 +195,9 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut ffi::rdma_cm_id) -> c_int {
             channel::rdma_ack_cm_event(prev);
         }
     }
-    // Events not taken yet go with the ID; those taken must be acknowledged.
+    // No more events; those not taken yet go with the ID; those taken must
+    // be acknowledged.
+    me.state().destroyed = true;
     // SAFETY: the ID's channel is live (its own, or the program's, which
     // outlives its IDs).
     let ch = unsafe { (*me.c()).channel };
@@ -206,14 +208,11 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut ffi::rdma_cm_id) -> c_int {
     me.wait_acked();
     let pump = {
         let mut st = me.state();
-        st.destroyed = true;
-        let ud = st.request.is_some() && matches!(st.request, Some(Pending::Ud(_)));
+        let udp = me_ps(&me) == ffi::RDMA_PS_UDP;
         for (dev, port) in st.listening.drain(..) {
-            let udp = me_ps(&me) == ffi::RDMA_PS_UDP;
             dev.remove_listener(port, udp);
             dev.agent().unlisten(port, udp);
         }
-        let _ = ud;
         if let (Some(dev), Some(cid)) = (st.dev, st.comm_id) {
             let mut a = dev.agent();
             if st.conn.is_some() {

@@ -74,6 +74,7 @@ pub struct IdState {
     pub groups: Vec<Joined>,
     /// CQs, channels and PD rdma_create_qp made (destroyed with the QP).
     pub made_cqs: bool,
+    /// rdma_destroy_id has begun: no more events.
     pub destroyed: bool,
 }
 
@@ -136,8 +137,12 @@ impl CmId {
         }
     }
 
-    /// Queues `ev` on the ID's channel.
+    /// Queues `ev` on the ID's channel (unless the ID is being destroyed:
+    /// the service thread may have picked it just before).
     pub fn report(&self, ev: Box<Event>) {
+        if self.state().destroyed {
+            return;
+        }
         // SAFETY: the channel pointer is the ID's own or the program's live
         // channel (destroyed only after its IDs).
         let ch = unsafe { (*self.c()).channel };
