@@ -185,16 +185,12 @@ fn shim_rdma_cm_perftest_against_rxe_vm() {
     };
     // perftest's -R: rdma_cm connects a control QP and the test QPs (UD: SIDR),
     // through ferroce's librdmacm.so.1 on the host and the kernel's CM in the VM.
+    // RC SEND, RC READ with perftest's latency hand-shake, UD (SIDR); the
+    // rest of -R is covered on loopback (rdmacm_utils) and against ferroce
+    // bench -R in the interop tests.
     let cases = [
         ("ib_send_bw", "-R -F -m 1024 -s 8192 -n 50", "8192", "50"),
-        ("ib_write_bw", "-R -F -m 1024 -s 65536 -n 30", "65536", "30"),
         ("ib_read_lat", "-R -F -m 1024 -s 64 -n 30", "64", "30"),
-        (
-            "ib_send_bw",
-            "-R -F -c UD -m 1024 -s 1024 -n 50",
-            "1024",
-            "50",
-        ),
         ("ib_send_lat", "-R -F -c UD -m 1024 -s 64 -n 30", "64", "30"),
     ];
     for (tool, args, size, iters) in cases {
