@@ -7,7 +7,7 @@ use std::ptr;
 use ferroce_verbs::cm;
 use ferroce_verbs::ConnectOptions;
 
-use super::device::{ah_attr_of, CmDevice};
+use super::device::CmDevice;
 use super::id::{get, me_ps};
 use super::{fail, CmId, Pending};
 use crate::ffi;
@@ -411,4 +411,19 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
     }
     *mask = m as c_int;
     0
+}
+
+/// A connected QP's address vector from its options (global: RoCE v2).
+fn ah_attr_of(opts: &ConnectOptions, dgid: std::net::Ipv6Addr) -> ffi::ibv_ah_attr {
+    let mut ah = ffi::ibv_ah_attr {
+        is_global: 1,
+        port_num: 1,
+        ..Default::default()
+    };
+    ah.grh.dgid = ffi::ibv_gid { raw: dgid.octets() };
+    ah.grh.sgid_index = opts.sgid_index as u8;
+    ah.grh.hop_limit = opts.hop_limit;
+    ah.grh.traffic_class = opts.traffic_class;
+    ah.grh.flow_label = opts.flow_label;
+    ah
 }
