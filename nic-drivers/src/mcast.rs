@@ -161,7 +161,7 @@ fn unmapped(ip: IpAddr) -> IpAddr {
 /// the namespace file cannot be read).
 fn in_netns(ns: &File) -> bool {
     match ns.metadata() {
-        Ok(m) => m.ino() == netns::ns_ino(&["/proc/thread-self/ns/net"]),
+        Ok(m) => m.ino() == netns::current_net_ino(),
         Err(_) => true,
     }
 }

@@ -377,12 +377,12 @@ pub(crate) fn run_in<R: Send>(
     })
 }
 
-/// The inode of the first of `paths` (namespace links) that exists, or 0.
 /// The network namespace the calling thread is in (its inode number).
 pub fn current_net_ino() -> u64 {
     ns_ino(&["/proc/thread-self/ns/net", "/proc/self/ns/net"])
 }
 
+/// The inode of the first of `paths` (namespace links) that exists, or 0.
 pub(crate) fn ns_ino(paths: &[&str]) -> u64 {
     paths
         .iter()

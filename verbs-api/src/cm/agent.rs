@@ -98,8 +98,6 @@ pub struct CmAgent<'a> {
     unanswered: VecDeque<(Ipv6Addr, u32)>,
     /// The last SIDR answers sent: (requester's GID, request ID, answer).
     sidr_answers: VecDeque<(Ipv6Addr, u32, CmMessage)>,
-    /// Whom our SIDR requests waiting for an answer went to.
-    sidr_peers: HashMap<u32, Ipv6Addr>,
     /// MADs received and not looked at yet (transaction ID, message, the
     /// traffic class to answer it with).
     inbox: VecDeque<(u64, CmMessage, u8)>,
@@ -177,7 +175,6 @@ impl<'a> CmAgent<'a> {
             listening_ud: HashSet::new(),
             unanswered: VecDeque::new(),
             sidr_answers: VecDeque::new(),
-            sidr_peers: HashMap::new(),
             inbox: VecDeque::new(),
             events: VecDeque::new(),
             dropped: 0,
@@ -430,21 +427,16 @@ impl<'a> CmAgent<'a> {
                 self.conns.remove(&id);
                 self.events.push_back(CmEvent::TimedOut { id });
             }
-            Awaits::SidrRep => {
-                self.sidr_peers.remove(&id);
-                self.events.push_back(CmEvent::TimedOut { id });
-            }
+            Awaits::SidrRep => self.events.push_back(CmEvent::TimedOut { id }),
         }
     }
 
     /// The answer `awaits` to our message `id` came: it is no longer resent.
-    fn answered(&mut self, id: u32, awaits: &[Awaits]) -> bool {
+    /// Returns the message it answers (None: nothing of ours waited for it).
+    fn answered(&mut self, id: u32, awaits: &[Awaits]) -> Option<Outstanding> {
         match self.outstanding.get(&id) {
-            Some(o) if awaits.contains(&o.awaits) => {
-                self.outstanding.remove(&id);
-                true
-            }
-            _ => false,
+            Some(o) if awaits.contains(&o.awaits) => self.outstanding.remove(&id),
+            _ => None,
         }
     }
 
@@ -476,7 +468,7 @@ impl<'a> CmAgent<'a> {
                 }
             }
             CmMessage::Drep(d) => {
-                if self.answered(d.remote_comm_id, &[Awaits::Drep]) {
+                if self.answered(d.remote_comm_id, &[Awaits::Drep]).is_some() {
                     if let Some(c) = self.conns.get_mut(&d.remote_comm_id) {
                         c.disconnected = true;
                     }
@@ -499,7 +491,7 @@ impl<'a> CmAgent<'a> {
                 if let Some((peer, tid, Some(last), tclass)) = repeat {
                     // Our RTU was lost: the peer sent its REP again.
                     self.send(peer, tid, &last, tclass)?;
-                } else if self.answered(id, &[Awaits::Rep]) {
+                } else if self.answered(id, &[Awaits::Rep]).is_some() {
                     if let Some(c) = self.conns.get_mut(&id) {
                         c.remote_comm_id = r.local_comm_id;
                         c.remote_qpn = r.local_qpn;
@@ -510,7 +502,7 @@ impl<'a> CmAgent<'a> {
                 }
             }
             CmMessage::Rtu(ids) => {
-                if self.answered(ids.remote_comm_id, &[Awaits::Rtu]) {
+                if self.answered(ids.remote_comm_id, &[Awaits::Rtu]).is_some() {
                     self.events.push_back(CmEvent::Established {
                         id: ids.remote_comm_id,
                     });
@@ -520,7 +512,7 @@ impl<'a> CmAgent<'a> {
             }
             CmMessage::Rej(r) => {
                 let id = r.remote_comm_id;
-                if self.answered(id, &[Awaits::Rep, Awaits::Rtu]) {
+                if self.answered(id, &[Awaits::Rep, Awaits::Rtu]).is_some() {
                     self.conns.remove(&id);
                     self.events.push_back(CmEvent::Rejected {
                         id,
@@ -541,15 +533,12 @@ impl<'a> CmAgent<'a> {
             },
             CmMessage::SidrRep(r) => {
                 let id = r.request_id;
-                if self.answered(id, &[Awaits::SidrRep]) {
+                if let Some(asked) = self.answered(id, &[Awaits::SidrRep]) {
                     self.events.push_back(if r.status == sidr_status::SUCCESS {
                         CmEvent::UdResolved {
                             id,
                             peer: UdPeer {
-                                peer_gid: self
-                                    .sidr_peers
-                                    .remove(&id)
-                                    .unwrap_or(Ipv6Addr::UNSPECIFIED),
+                                peer_gid: asked.peer,
                                 qpn: r.qpn,
                                 qkey: r.qkey,
                                 private_data: r.private_data.to_vec(),
@@ -1029,19 +1018,15 @@ impl<'a> CmAgent<'a> {
             private_data: private,
         }));
         let tid = self.next_tid();
-        self.sidr_peers.insert(request_id, peer_gid);
-        let sent = self.send_awaiting(
+        self.send_awaiting(
             request_id,
             peer_gid,
             tid,
             req,
             traffic_class,
             Awaits::SidrRep,
-        );
-        if sent.is_err() {
-            self.sidr_peers.remove(&request_id);
-        }
-        sent.map(|()| request_id)
+        )?;
+        Ok(request_id)
     }
 
     /// rdma_accept for a UD port: answers `request` with `qp`'s QPN and
@@ -1140,7 +1125,6 @@ impl<'a> CmAgent<'a> {
     pub fn forget(&mut self, id: u32) {
         self.conns.remove(&id);
         self.outstanding.remove(&id);
-        self.sidr_peers.remove(&id);
         self.events.retain(|e| e.id() != Some(id));
     }
 }

@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_int, c_void};
 use std::ptr;
 use std::sync::{Arc, Mutex};
 
-use super::CmId;
+use super::{CmId, LiveSet};
 use crate::ffi;
 use crate::handles::set_errno;
 
@@ -168,11 +168,18 @@ pub unsafe fn channel<'a>(ch: *mut ffi::rdma_event_channel) -> &'a Channel {
     unsafe { &*(ch as *const Channel) }
 }
 
+/// The channels the program made and has not destroyed.
+static CHANNELS: LiveSet = LiveSet::new();
+
 /// rdma_create_event_channel.
 #[no_mangle]
 pub extern "C" fn rdma_create_event_channel() -> *mut ffi::rdma_event_channel {
     match Channel::new() {
-        Some(c) => Box::into_raw(c) as *mut ffi::rdma_event_channel,
+        Some(c) => {
+            let p = Box::into_raw(c) as *mut ffi::rdma_event_channel;
+            CHANNELS.lock().insert(p as usize);
+            p
+        }
         None => {
             set_errno(libc::EMFILE);
             ptr::null_mut()
@@ -186,8 +193,9 @@ pub extern "C" fn rdma_create_event_channel() -> *mut ffi::rdma_event_channel {
 /// `ch` came from rdma_create_event_channel and is not used afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut ffi::rdma_event_channel) {
-    if !ch.is_null() {
-        // SAFETY: allocated by rdma_create_event_channel.
+    // A channel destroyed already (or never made here) is left alone.
+    if CHANNELS.lock().remove(&(ch as usize)) {
+        // SAFETY: allocated by rdma_create_event_channel, destroyed once.
         drop(unsafe { Box::from_raw(ch as *mut Channel) });
     }
 }
@@ -202,11 +210,12 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     ch: *mut ffi::rdma_event_channel,
     event: *mut *mut ffi::rdma_cm_event,
 ) -> c_int {
-    if ch.is_null() || event.is_null() {
+    if event.is_null() || !CHANNELS.lock().contains(&(ch as usize)) {
         set_errno(libc::EINVAL);
         return -1;
     }
-    // SAFETY: the caller passes a live channel.
+    // SAFETY: a live channel (destroying it while waiting on it is the
+    // program's error, as with librdmacm).
     match unsafe { channel(ch) }.pop() {
         Ok(ev) => {
             // SAFETY: the caller's out pointer; the event is the program's until acked.

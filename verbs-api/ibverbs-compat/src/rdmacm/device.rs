@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use ferroce_verbs::cm::{CmAgent, CmEvent, Connection, PeerOffer, UdPeer};
-use ferroce_verbs::ProtectionDomain;
+use ferroce_verbs::{ConnectOptions, ProtectionDomain};
 
 use super::channel::Event;
 use super::{CmId, Pending};
@@ -97,6 +97,8 @@ fn open(fdev: *mut FDevice) -> Result<&'static CmDevice, c_int> {
 /// The device holding `ip` (one of its interface's addresses).
 pub fn for_ip(ip: IpAddr) -> Result<&'static CmDevice, c_int> {
     let gid = ferroce_verbs::context::gid_of(ip);
+    // The interfaces' addresses now, not the GID tables of the devices
+    // already open (made when they opened): an address added since counts.
     let ifaces = ferroce_verbs::device::interfaces().map_err(|_| libc::ENODEV)?;
     for &d in crate::devices::devices() {
         // SAFETY: devices of the list live for the process.
@@ -377,20 +379,16 @@ impl CmDevice {
     /// An address handle's attributes towards `gid` from `id`'s source
     /// (as rdma_cm's route gives them: global, hop limit 64, the ID's TOS).
     pub fn ah_attr(&self, id: &CmId, gid: std::net::Ipv6Addr, hop_limit: u8) -> ffi::ibv_ah_attr {
-        let st = id.state();
         // SAFETY: a context of this library.
         let f = unsafe { fctx(self.verbs) };
-        let sgid_index = ferroce_verbs::cm::source_gid_index(&f.ctx, 0, gid);
-        let mut ah = ffi::ibv_ah_attr {
-            is_global: 1,
-            port_num: 1,
-            ..Default::default()
+        let opts = ConnectOptions {
+            sgid_index: ferroce_verbs::cm::source_gid_index(&f.ctx, 0, gid),
+            hop_limit,
+            traffic_class: id.state().tos,
+            flow_label: 0,
+            ..ConnectOptions::default()
         };
-        ah.grh.dgid = ffi::ibv_gid { raw: gid.octets() };
-        ah.grh.sgid_index = sgid_index as u8;
-        ah.grh.hop_limit = hop_limit;
-        ah.grh.traffic_class = st.tos;
-        ah
+        ah_attr_of(&opts, gid)
     }
 
     fn ud_param(&self, id: &CmId, peer: &UdPeer) -> ffi::rdma_ud_param {
@@ -448,4 +446,20 @@ pub unsafe extern "C" fn rdma_get_devices(num: *mut c_int) -> *mut *mut ffi::ibv
 pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ffi::ibv_context) {
     // SAFETY: allocated with calloc.
     unsafe { libc::free(list as *mut c_void) };
+}
+
+/// The address vector of a path with these options' GRH fields towards
+/// `dgid` (global: RoCE v2).
+pub fn ah_attr_of(opts: &ConnectOptions, dgid: std::net::Ipv6Addr) -> ffi::ibv_ah_attr {
+    let mut ah = ffi::ibv_ah_attr {
+        is_global: 1,
+        port_num: 1,
+        ..Default::default()
+    };
+    ah.grh.dgid = ffi::ibv_gid { raw: dgid.octets() };
+    ah.grh.sgid_index = opts.sgid_index as u8;
+    ah.grh.hop_limit = opts.hop_limit;
+    ah.grh.traffic_class = opts.traffic_class;
+    ah.grh.flow_label = opts.flow_label;
+    ah
 }

@@ -26,8 +26,7 @@ pub unsafe extern "C" fn rdma_get_request(
     listen: *mut ffi::rdma_cm_id,
     id: *mut *mut ffi::rdma_cm_id,
 ) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let l = match unsafe { get(listen) } {
+    let l = match get(listen) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -46,8 +45,10 @@ pub unsafe extern "C" fn rdma_get_request(
         return fail(libc::EINVAL);
     }
     let new = ev.c.id;
-    // SAFETY: the request's new ID, live until the program destroys it.
-    let child = unsafe { id_arc(new) };
+    // The request's new ID, live until the program destroys it.
+    let Some(child) = id_arc(new) else {
+        return fail(libc::EINVAL);
+    };
     if let Err(e) = make_sync(&child) {
         return fail(e);
     }
@@ -118,8 +119,9 @@ pub unsafe extern "C" fn rdma_create_ep(
         unsafe { rdma_destroy_id(new) };
         return -1;
     }
-    // SAFETY: the new ID is live.
-    let me = unsafe { id_arc(new) };
+    let Some(me) = id_arc(new) else {
+        return fail(libc::EINVAL);
+    };
     if !pd.is_null() {
         let _st = me.state();
         // SAFETY: `st` held.

@@ -14,7 +14,7 @@ use ferroce_verbs::ConnectOptions;
 use super::addr::{self, from_c};
 use super::channel::{self, Channel, Event};
 use super::device::{self, CmDevice};
-use super::{fail, id_arc, CmId, IdState, Pending};
+use super::{fail, hand_out, id_arc, take_handle, CmId, IdState, Pending};
 use crate::ffi;
 use crate::handles::{errno_of, fctx, fqp};
 
@@ -32,12 +32,11 @@ fn ephemeral_port() -> u16 {
 }
 
 /// The ID behind a handle, or EINVAL.
-pub(super) unsafe fn get(id: *mut ffi::rdma_cm_id) -> Result<Arc<CmId>, c_int> {
+pub(super) fn get(id: *mut ffi::rdma_cm_id) -> Result<Arc<CmId>, c_int> {
     if id.is_null() {
         return Err(libc::EINVAL);
     }
-    // SAFETY: the caller passes a live ID of this library.
-    Ok(unsafe { id_arc(id) })
+    id_arc(id).ok_or(libc::EINVAL)
 }
 
 pub(super) fn done(r: Result<(), c_int>) -> c_int {
@@ -110,7 +109,7 @@ pub fn child_of(
         id.publish(&st);
     }
     // The program's reference, dropped by rdma_destroy_id.
-    let _ = Arc::into_raw(Arc::clone(&id));
+    hand_out(Arc::clone(&id));
     id
 }
 
@@ -167,8 +166,8 @@ pub unsafe extern "C" fn rdma_create_id(
     }
     match new_id(channel, context, ps, qp_type) {
         Ok(new) => {
-            // SAFETY: the caller's out pointer; the program holds a reference.
-            unsafe { *id = Arc::into_raw(new) as *mut ffi::rdma_cm_id };
+            // SAFETY: the caller's out pointer.
+            unsafe { *id = hand_out(new) };
             0
         }
         Err(e) => fail(e),
@@ -183,8 +182,7 @@ pub unsafe extern "C" fn rdma_create_id(
 /// `id` is live and not used afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_id(id: *mut ffi::rdma_cm_id) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let Ok(me) = (unsafe { get(id) }) else {
+    let Ok(me) = get(id) else {
         return fail(libc::EINVAL);
     };
     // SAFETY: a synchronous ID's last event is its own to acknowledge.
@@ -234,8 +232,9 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut ffi::rdma_cm_id) -> c_int {
     if let Some(dev) = pump {
         dev.pump();
     }
-    // SAFETY: the program's reference, taken in rdma_create_id / child_of.
-    drop(unsafe { Arc::from_raw(id as *const CmId) });
+    // The program's reference, given in rdma_create_id / child_of (a
+    // destroy racing this one on the same ID finds it gone).
+    drop(take_handle(id));
     0
 }
 
@@ -255,8 +254,7 @@ pub unsafe extern "C" fn rdma_bind_addr(
     id: *mut ffi::rdma_cm_id,
     addr: *mut ffi::sockaddr,
 ) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let r = unsafe { get(id) }.and_then(|me| {
+    let r = get(id).and_then(|me| {
         // SAFETY: as the caller guarantees.
         let a = unsafe { from_c(addr as *const libc::sockaddr) }.ok_or(libc::EAFNOSUPPORT)?;
         bind(&me, a)
@@ -298,8 +296,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
     dst: *mut ffi::sockaddr,
     _timeout_ms: c_int,
 ) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
+    let me = match get(id) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -355,8 +352,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
 /// `id` is live.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_resolve_route(id: *mut ffi::rdma_cm_id, _timeout_ms: c_int) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
+    let me = match get(id) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -416,8 +412,7 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut ffi::rdma_cm_id, _timeout_m
 /// `id` is live.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_listen(id: *mut ffi::rdma_cm_id, _backlog: c_int) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
+    let me = match get(id) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -495,8 +490,7 @@ pub unsafe extern "C" fn rdma_connect(
     id: *mut ffi::rdma_cm_id,
     param: *mut ffi::rdma_conn_param,
 ) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
+    let me = match get(id) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -543,8 +537,7 @@ pub unsafe extern "C" fn rdma_connect(
 /// `id` is live.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_establish(id: *mut ffi::rdma_cm_id) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
+    let me = match get(id) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -572,8 +565,7 @@ pub unsafe extern "C" fn rdma_accept(
     id: *mut ffi::rdma_cm_id,
     param: *mut ffi::rdma_conn_param,
 ) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
+    let me = match get(id) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -651,8 +643,7 @@ pub unsafe extern "C" fn rdma_reject(
     private_data: *const c_void,
     len: u8,
 ) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
+    let me = match get(id) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -685,8 +676,7 @@ pub unsafe extern "C" fn rdma_reject(
 /// `id` is live.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_disconnect(id: *mut ffi::rdma_cm_id) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
+    let me = match get(id) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -747,8 +737,7 @@ pub unsafe extern "C" fn rdma_set_option(
     optval: *mut c_void,
     optlen: usize,
 ) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
+    let me = match get(id) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -787,8 +776,7 @@ pub unsafe extern "C" fn rdma_migrate_id(
     id: *mut ffi::rdma_cm_id,
     channel: *mut ffi::rdma_event_channel,
 ) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
+    let me = match get(id) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -814,8 +802,7 @@ fn port_of(a: Option<SocketAddr>) -> u16 {
 /// `id` is live.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_src_port(id: *mut ffi::rdma_cm_id) -> u16 {
-    // SAFETY: as the caller guarantees.
-    unsafe { get(id) }.map_or(0, |m| port_of(m.state().src))
+    get(id).map_or(0, |m| port_of(m.state().src))
 }
 
 /// rdma_get_dst_port (network byte order).
@@ -824,6 +811,54 @@ pub unsafe extern "C" fn rdma_get_src_port(id: *mut ffi::rdma_cm_id) -> u16 {
 /// `id` is live.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_dst_port(id: *mut ffi::rdma_cm_id) -> u16 {
-    // SAFETY: as the caller guarantees.
-    unsafe { get(id) }.map_or(0, |m| port_of(m.state().dst))
+    get(id).map_or(0, |m| port_of(m.state().dst))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rdmacm::channel::{
+        rdma_create_event_channel, rdma_destroy_event_channel, rdma_get_cm_event,
+    };
+
+    fn errno() -> i32 {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    /// perftest `-R`'s client, rejected, retries on the IDs and the channel
+    /// it destroyed: each call fails with EINVAL, nothing crashes.
+    #[test]
+    fn calls_on_destroyed_ids_and_channels_fail_with_einval() {
+        let ch = rdma_create_event_channel();
+        assert!(!ch.is_null());
+        let mut id = ptr::null_mut();
+        // SAFETY: a live channel; `id` writable.
+        let rc = unsafe { rdma_create_id(ch, &mut id, ptr::null_mut(), ffi::RDMA_PS_TCP) };
+        assert_eq!(rc, 0);
+        // SAFETY: a live ID, destroyed once.
+        assert_eq!(unsafe { rdma_destroy_id(id) }, 0);
+
+        let dst = addr::to_storage("127.0.0.1:18515".parse().unwrap());
+        // SAFETY: the ID is destroyed: the call must see that, not use it.
+        let rc =
+            unsafe { rdma_resolve_addr(id, ptr::null_mut(), &dst as *const _ as *mut _, 2000) };
+        assert_eq!((rc, errno()), (-1, libc::EINVAL));
+        // SAFETY: as above.
+        assert_eq!(
+            (unsafe { rdma_destroy_id(id) }, errno()),
+            (-1, libc::EINVAL)
+        );
+        // SAFETY: as above.
+        assert_eq!(unsafe { rdma_get_src_port(id) }, 0);
+
+        // SAFETY: live, then destroyed: the second destroy is a no-op.
+        unsafe {
+            rdma_destroy_event_channel(ch);
+            rdma_destroy_event_channel(ch);
+        }
+        let mut ev = ptr::null_mut();
+        // SAFETY: a destroyed channel: refused before use.
+        let rc = unsafe { rdma_get_cm_event(ch, &mut ev) };
+        assert_eq!((rc, errno()), (-1, libc::EINVAL));
+    }
 }

@@ -17,8 +17,9 @@
 #![allow(missing_debug_implementations)]
 
 use std::cell::UnsafeCell;
+use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
 
 use ferroce_stack::wire::mad::Rep;
 use ferroce_verbs::cm::{Connection, Request, UdRequest};
@@ -189,18 +190,64 @@ pub fn gid_c(ip: IpAddr) -> ffi::ibv_gid {
     }
 }
 
-/// Another reference to the ID behind a handle.
-///
-/// # Safety
-/// `id` came from this library's rdma_create_id (or an event) and is not
-/// destroyed.
-pub unsafe fn id_arc(id: *mut ffi::rdma_cm_id) -> Arc<CmId> {
+/// Addresses of the objects a program holds (created and not destroyed):
+/// a call on anything else fails with EINVAL instead of touching freed
+/// memory. perftest `-R`'s client, when its connection is rejected,
+/// retries on the IDs and channel it has just destroyed, and destroys that
+/// channel a second time when it gives up.
+pub struct LiveSet(LazyLock<Mutex<HashSet<usize>>>);
+
+impl LiveSet {
+    pub const fn new() -> Self {
+        Self(LazyLock::new(Default::default))
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, HashSet<usize>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Default for LiveSet {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The ID handles the program holds.
+static IDS: LiveSet = LiveSet::new();
+
+/// Gives the program a handle to `id` (its reference, dropped by
+/// [`take_handle`]).
+pub fn hand_out(id: Arc<CmId>) -> *mut ffi::rdma_cm_id {
+    let p = Arc::into_raw(id) as *mut ffi::rdma_cm_id;
+    IDS.lock().insert(p as usize);
+    p
+}
+
+/// The program's reference behind `id`, taken back (rdma_destroy_id);
+/// None if `id` is no live handle.
+pub fn take_handle(id: *mut ffi::rdma_cm_id) -> Option<Arc<CmId>> {
+    if !IDS.lock().remove(&(id as usize)) {
+        return None;
+    }
+    // SAFETY: a pointer from `hand_out`, whose reference it carries.
+    Some(unsafe { Arc::from_raw(id as *const CmId) })
+}
+
+/// Another reference to the ID behind a handle; None if `id` is no live
+/// handle of this library.
+pub fn id_arc(id: *mut ffi::rdma_cm_id) -> Option<Arc<CmId>> {
+    let live = IDS.lock();
+    if !live.contains(&(id as usize)) {
+        return None;
+    }
     let p = id as *const CmId;
-    // SAFETY: handles are Arc<CmId> pointers (the C struct is the first,
-    // transparent field); the program's reference keeps the count above 0.
+    // SAFETY: a live handle is an Arc<CmId> pointer (the C struct is the
+    // first, transparent field) whose program reference keeps the count
+    // above 0; the set's lock keeps it from being destroyed meanwhile.
     unsafe {
         Arc::increment_strong_count(p);
-        Arc::from_raw(p)
+        Some(Arc::from_raw(p))
     }
 }
 

@@ -26,8 +26,7 @@ pub unsafe extern "C" fn rdma_join_multicast_ex(
     attr: *mut ffi::rdma_cm_join_mc_attr_ex,
     context: *mut c_void,
 ) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
+    let me = match get(id) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -129,8 +128,7 @@ pub unsafe extern "C" fn rdma_leave_multicast(
     id: *mut ffi::rdma_cm_id,
     addr: *mut ffi::sockaddr,
 ) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
+    let me = match get(id) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };

@@ -7,7 +7,7 @@ use std::ptr;
 use ferroce_verbs::cm;
 use ferroce_verbs::ConnectOptions;
 
-use super::device::CmDevice;
+use super::device::{ah_attr_of, CmDevice};
 use super::id::{get, me_ps};
 use super::{fail, CmId, Pending};
 use crate::ffi;
@@ -102,8 +102,7 @@ pub unsafe extern "C" fn rdma_create_qp(
     pd: *mut ffi::ibv_pd,
     attr: *mut ffi::ibv_qp_init_attr,
 ) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
+    let me = match get(id) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -189,8 +188,7 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
 /// `id` is live.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_qp(id: *mut ffi::rdma_cm_id) {
-    // SAFETY: as the caller guarantees.
-    let Ok(me) = (unsafe { get(id) }) else {
+    let Ok(me) = get(id) else {
         return;
     };
     let mut st = me.state();
@@ -230,8 +228,7 @@ pub unsafe extern "C" fn rdma_create_srq(
     pd: *mut ffi::ibv_pd,
     attr: *mut ffi::ibv_srq_init_attr,
 ) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
+    let me = match get(id) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -293,8 +290,7 @@ pub unsafe extern "C" fn rdma_create_srq_ex(
 /// `id` is live.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_srq(id: *mut ffi::rdma_cm_id) {
-    // SAFETY: as the caller guarantees.
-    let Ok(me) = (unsafe { get(id) }) else {
+    let Ok(me) = get(id) else {
         return;
     };
     let _st = me.state();
@@ -324,8 +320,7 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
     qp_attr: *mut ffi::ibv_qp_attr,
     qp_attr_mask: *mut c_int,
 ) -> c_int {
-    // SAFETY: as the caller guarantees.
-    let me = match unsafe { get(id) } {
+    let me = match get(id) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
@@ -411,19 +406,4 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
     }
     *mask = m as c_int;
     0
-}
-
-/// A connected QP's address vector from its options (global: RoCE v2).
-fn ah_attr_of(opts: &ConnectOptions, dgid: std::net::Ipv6Addr) -> ffi::ibv_ah_attr {
-    let mut ah = ffi::ibv_ah_attr {
-        is_global: 1,
-        port_num: 1,
-        ..Default::default()
-    };
-    ah.grh.dgid = ffi::ibv_gid { raw: dgid.octets() };
-    ah.grh.sgid_index = opts.sgid_index as u8;
-    ah.grh.hop_limit = opts.hop_limit;
-    ah.grh.traffic_class = opts.traffic_class;
-    ah.grh.flow_label = opts.flow_label;
-    ah
 }
