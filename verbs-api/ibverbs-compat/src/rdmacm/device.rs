@@ -23,6 +23,10 @@ const IDLE_WAIT: Duration = Duration::from_millis(200);
 /// A device with its connection manager.
 pub struct CmDevice {
     pub ifname: String,
+    /// The network namespace the device was opened in (its inode): a
+    /// thread in another one has a device of its own on the same name, as
+    /// its ibverbs contexts do.
+    netns: u64,
     /// The ibv_context every ID on the device reports (`id->verbs`).
     pub verbs: *mut ffi::ibv_context,
     pub agent: Mutex<CmAgent<'static>>,
@@ -52,8 +56,9 @@ static OPEN: Mutex<Vec<&'static CmDevice>> = Mutex::new(Vec::new());
 fn open(fdev: *mut FDevice) -> Result<&'static CmDevice, c_int> {
     // SAFETY: devices of the list live for the process.
     let ifname = unsafe { (*fdev).ifname.clone() };
+    let netns = ferroce_nic::netns::current_net_ino();
     let mut open = lock(&OPEN);
-    if let Some(d) = open.iter().find(|d| d.ifname == ifname) {
+    if let Some(d) = open.iter().find(|d| d.ifname == ifname && d.netns == netns) {
         return Ok(d);
     }
     // SAFETY: a device of this library's list.
@@ -76,6 +81,7 @@ fn open(fdev: *mut FDevice) -> Result<&'static CmDevice, c_int> {
     })?;
     let dev: &'static CmDevice = Box::leak(Box::new(CmDevice {
         ifname,
+        netns,
         verbs,
         agent: Mutex::new(agent),
         owners: Mutex::new(HashMap::new()),
