@@ -288,6 +288,13 @@ pub trait PacketIo: Send {
         None
     }
 
+    /// Leaves the tables this backend shares with other processes under
+    /// `/dev/shm` (a shared UDP port's members, raw devices' QPN prefixes)
+    /// as closing it would, for a process that exits with the device still
+    /// open (a C program that never calls ibv_close_device; librdmacm's
+    /// devices). The backend then serves this process alone until dropped.
+    fn leave_shared(&mut self) {}
+
     /// Joins IP multicast group `group` (IPv4, or IPv6 and IPv4-mapped) on
     /// the backend's link, so that frames to it arrive ([`crate::mcast`]).
     /// Joins are counted: each needs its [`PacketIo::leave_multicast`].
@@ -408,6 +415,9 @@ impl<T: PacketIo + ?Sized> PacketIo for Box<T> {
     }
     fn gathers(&self) -> bool {
         (**self).gathers()
+    }
+    fn leave_shared(&mut self) {
+        (**self).leave_shared()
     }
     fn join_multicast(&mut self, group: std::net::IpAddr) -> Result<(), NicError> {
         (**self).join_multicast(group)

@@ -294,6 +294,13 @@ impl PacketIo for LocalPeersIo {
     fn qpn_prefix(&self) -> Option<u8> {
         self.main.qpn_prefix()
     }
+    fn leave_shared(&mut self) {
+        self.main.leave_shared();
+        for l in &mut self.locals {
+            l.io.leave_shared();
+        }
+    }
+
     fn join_multicast(&mut self, group: std::net::IpAddr) -> Result<(), NicError> {
         self.main.join_multicast(group)
     }

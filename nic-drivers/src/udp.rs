@@ -1176,6 +1176,12 @@ impl PacketIo for UdpIo {
     /// socket of its own: the device's is bound to a unicast address). The
     /// kernel's IP_MULTICAST_LOOP is left on, so QPs of this host attached
     /// to the group also hear what is sent to it, as with rxe.
+    fn leave_shared(&mut self) {
+        if let Some(s) = self.share.take() {
+            s.leave(self.sock.as_raw_fd());
+        }
+    }
+
     fn join_multicast(&mut self, group: IpAddr) -> Result<(), NicError> {
         self.mcast.join(group)?;
         if let Some(fd) = self.mcast.receive_fd(group) {

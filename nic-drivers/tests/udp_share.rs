@@ -203,3 +203,32 @@ fn a_gso_send_queued_before_sharing_began_comes_out_in_datagrams() {
     std::thread::sleep(Duration::from_millis(150));
     assert_eq!(tags(&mut a), (0..10).chain(0..2).collect::<Vec<u8>>());
 }
+
+/// A process that exits with its devices open (librdmacm's, a C program's)
+/// takes them out of the table first (`leave_shared`), as closing them
+/// would: the others are steered right once its socket is gone, and the
+/// last one out removes the table.
+#[test]
+fn leaving_at_exit_hands_the_place_on_and_the_last_removes_the_table() {
+    let at = shared_addr(8);
+    let mut a = join(at);
+    let mut b = join(at);
+    assert_eq!(b.qpn_prefix(), Some(1));
+    let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+
+    a.leave_shared();
+    assert!(a.share().is_none());
+    assert!(table_exists(at));
+    // The process exits: its socket closes, the kernel moves b into its place.
+    drop(a);
+    for round in 0..3u8 {
+        send_to_qpn(&tx, at, 0x01_0012, 60 + round);
+    }
+    assert_eq!(tags(&mut b), [60, 61, 62]);
+
+    b.leave_shared();
+    assert!(!table_exists(at));
+    // Alone, it still gets its datagrams until it closes.
+    send_to_qpn(&tx, at, 0x01_0012, 70);
+    assert_eq!(tags(&mut b), [70]);
+}

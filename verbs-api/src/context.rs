@@ -338,6 +338,14 @@ impl Context {
         &self.shared.gids
     }
 
+    /// Takes the device out of the tables it shares with other processes
+    /// under `/dev/shm` (a shared UDP port, raw devices' QPN prefixes), as
+    /// closing it does: for a process about to exit with the device open.
+    /// The device keeps working for this process alone.
+    pub fn leave_shared(&self) {
+        self.shared.engine.lock().io.leave_shared();
+    }
+
     pub fn stats(&self) -> DeviceStats {
         let inner = self.shared.engine.lock();
         DeviceStats {

@@ -468,6 +468,11 @@ impl PacketIo for AfXdpIo {
         self.share.as_ref().map(RawShare::prefix)
     }
 
+    fn leave_shared(&mut self) {
+        // Dropping the membership takes its line out of the table.
+        self.share = None;
+    }
+
     fn join_multicast(&mut self, group: std::net::IpAddr) -> Result<(), NicError> {
         self.mcast.join(group)
     }

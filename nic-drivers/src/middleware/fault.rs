@@ -344,6 +344,9 @@ impl<I: PacketIo> PacketIo for FaultIo<I> {
     fn qpn_prefix(&self) -> Option<u8> {
         self.inner.qpn_prefix()
     }
+    fn leave_shared(&mut self) {
+        self.inner.leave_shared()
+    }
     fn join_multicast(&mut self, group: std::net::IpAddr) -> Result<(), NicError> {
         self.inner.join_multicast(group)
     }

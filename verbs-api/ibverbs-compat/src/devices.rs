@@ -200,6 +200,12 @@ fn shared_context(ifname: &str) -> Result<Context, ()> {
     let be = backend();
     match Context::open(&DeviceConfig::new(ifname, be), OpenOptions::default()) {
         Ok(c) => {
+            static AT_EXIT: std::sync::Once = std::sync::Once::new();
+            AT_EXIT.call_once(|| {
+                // SAFETY: registers a plain function; atexit has no other
+                // requirement.
+                unsafe { libc::atexit(leave_shared_at_exit) };
+            });
             open.push((key, c.downgrade()));
             Ok(c)
         }
@@ -210,6 +216,17 @@ fn shared_context(ifname: &str) -> Result<Context, ()> {
             );
             Err(())
         }
+    }
+}
+
+/// At exit, the devices still open (programs that never close theirs,
+/// librdmacm's, which it never closes) leave the tables they share with
+/// other processes under `/dev/shm`, as closing them would: no file is left
+/// behind, and the other members are steered right at once.
+extern "C" fn leave_shared_at_exit() {
+    let open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+    for c in open.iter().filter_map(|(_, w)| w.upgrade()) {
+        c.leave_shared();
     }
 }
 

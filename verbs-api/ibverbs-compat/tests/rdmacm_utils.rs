@@ -172,4 +172,23 @@ fn rdmacm_tools_on_loopback() {
         };
         assert!(row(&c), "{t}: no result row\n{c}\n{s}");
     }
+    // Every tool left the UDP port's shared table at exit (librdmacm's
+    // devices are never closed): no line names a process that is gone.
+    let gone: Vec<String> = std::fs::read_dir("/dev/shm")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|f| {
+            let n = f.file_name().to_string_lossy().into_owned();
+            n.starts_with("ferroce-udp-") && n.ends_with("-127.0.0.1-4791.members")
+        })
+        .filter_map(|f| std::fs::read_to_string(f.path()).ok())
+        .flat_map(|t| t.lines().map(str::to_string).collect::<Vec<_>>())
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(2)
+                .is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+        })
+        .collect();
+    assert!(gone.is_empty(), "table lines of exited tools: {gone:?}");
 }
