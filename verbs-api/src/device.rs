@@ -2,7 +2,6 @@
 //! the interface's addresses the way rxe builds its own.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::process::Command;
 
 use ferroce_nic::afpacket::{AfPacketConfig, AfPacketIo};
 use ferroce_nic::afxdp::{AfXdpConfig, AfXdpIo};
@@ -66,69 +65,24 @@ pub struct Interface {
     pub addrs: Vec<IfAddr>,
 }
 
-/// Read the interfaces of the current network namespace (`ip -o addr` /
-/// `ip -o link`, so no privileges are needed).
+/// The interfaces of the calling thread's network namespace
+/// ([`ferroce_nic::ifaces`]: no privileges, no `ip` binary needed).
 pub fn interfaces() -> Result<Vec<Interface>> {
-    let links = run_ip(&["-o", "link", "show"])?;
-    let addrs = run_ip(&["-o", "addr", "show"])?;
-    let mut out = Vec::new();
-    for line in links.lines() {
-        // "2: veth0@if3: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 9000 ... link/ether 02:..:.. brd ..."
-        let mut words = line.split_whitespace();
-        let (Some(_), Some(name)) = (words.next(), words.next()) else {
-            continue;
-        };
-        let name = name.trim_end_matches(':');
-        let name = name.split('@').next().unwrap_or(name).to_string();
-        let toks: Vec<&str> = line.split_whitespace().collect();
-        let after = |key: &str| {
-            toks.iter()
-                .position(|t| *t == key)
-                .and_then(|i| toks.get(i + 1))
-                .copied()
-        };
-        let mtu = after("mtu").and_then(|m| m.parse().ok()).unwrap_or(1500);
-        let mac = after("link/ether")
-            .and_then(ferroce_nic::neigh::parse_mac)
-            .unwrap_or([0; 6]);
-        let up = line
-            .split('<')
-            .nth(1)
-            .map(|f| {
-                f.split('>')
-                    .next()
-                    .unwrap_or("")
-                    .split(',')
-                    .any(|x| x == "UP")
-            })
-            .unwrap_or(false);
-        out.push(Interface {
-            name,
-            mac,
-            mtu,
-            up,
-            addrs: Vec::new(),
-        });
-    }
-    for line in addrs.lines() {
-        // "2: veth0    inet 198.18.0.1/24 brd ... scope global veth0"
-        let toks: Vec<&str> = line.split_whitespace().collect();
-        let (Some(name), Some(fam), Some(cidr)) = (toks.get(1), toks.get(2), toks.get(3)) else {
-            continue;
-        };
-        if *fam != "inet" && *fam != "inet6" {
-            continue;
-        }
-        let mut parts = cidr.split('/');
-        let (Some(ip), prefix) = (parts.next().and_then(|a| a.parse().ok()), parts.next()) else {
-            continue;
-        };
-        let prefix = prefix.and_then(|p| p.parse().ok()).unwrap_or(0);
-        if let Some(i) = out.iter_mut().find(|i| i.name == *name) {
-            i.addrs.push(IfAddr { ip, prefix });
-        }
-    }
-    Ok(out)
+    let links = ferroce_nic::ifaces::links().map_err(Error::Nic)?;
+    Ok(links
+        .into_iter()
+        .map(|l| Interface {
+            name: l.name,
+            mac: l.mac,
+            mtu: l.mtu,
+            up: l.up,
+            addrs: l
+                .addrs
+                .into_iter()
+                .map(|(ip, prefix)| IfAddr { ip, prefix })
+                .collect(),
+        })
+        .collect())
 }
 
 /// One interface by name.
@@ -137,14 +91,6 @@ pub fn interface(name: &str) -> Result<Interface> {
         .into_iter()
         .find(|i| i.name == name)
         .ok_or_else(|| Error::NoDevice(format!("no interface named {name:?}")))
-}
-
-fn run_ip(args: &[&str]) -> Result<String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| Error::Io("running `ip` (iproute2)", e))?;
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The link-local GID rxe puts at index 0: fe80::/64 with the modified EUI-64 of the MAC.

@@ -1,0 +1,141 @@
+//! The network interfaces of the calling thread's namespace and their
+//! addresses, from getifaddrs(3) (netlink underneath) and one ioctl per
+//! interface for its MTU: no `ip` binary (minimal containers have none), no
+//! privileges, no process started (rdma_resolve_addr asks on every call),
+//! and the thread's own namespace even where `/sys` shows another's.
+
+use std::net::IpAddr;
+
+use crate::sys;
+use crate::NicError;
+
+/// One network interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    pub name: String,
+    /// The Ethernet address; zero for links of other kinds (loopback, tun).
+    pub mac: [u8; 6],
+    pub mtu: u32,
+    /// Administratively up (IFF_UP).
+    pub up: bool,
+    /// Addresses and prefix lengths in the kernel's order: IPv4 first,
+    /// primary before secondary, as `ip -o addr` lists them.
+    pub addrs: Vec<(IpAddr, u8)>,
+}
+
+/// The interfaces in index order, as `ip -o link` lists them.
+pub fn links() -> Result<Vec<Link>, NicError> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills head with a list freed below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(NicError::last_os("getifaddrs"));
+    }
+    let mut out: Vec<Link> = Vec::new();
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: p is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if ifa.ifa_name.is_null() || ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_name is a NUL-terminated string of the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
+        // SAFETY: ifa_addr points to a sockaddr of at least the family field.
+        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+        if family == libc::AF_PACKET {
+            // glibc lists every link first, one AF_PACKET entry each, in
+            // the kernel's (index) order.
+            // SAFETY: an AF_PACKET entry's address is a sockaddr_ll.
+            let ll = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_ll) };
+            let mut mac = [0u8; 6];
+            if ll.sll_hatype == libc::ARPHRD_ETHER && ll.sll_halen == 6 {
+                mac.copy_from_slice(&ll.sll_addr[..6]);
+            }
+            out.push(Link {
+                name,
+                mac,
+                mtu: 0,
+                up: ifa.ifa_flags & libc::IFF_UP as u32 != 0,
+                addrs: Vec::new(),
+            });
+            continue;
+        }
+        let (Some(ip), prefix) = (ip_of(ifa.ifa_addr), prefix_len(ifa.ifa_netmask)) else {
+            continue;
+        };
+        // An IPv4 address with a label ("eth0:1") is listed under it.
+        let owner = match out.iter().position(|l| l.name == name) {
+            Some(i) => Some(i),
+            None => name
+                .split_once(':')
+                .and_then(|(base, _)| out.iter().position(|l| l.name == base)),
+        };
+        if let Some(i) = owner {
+            out[i].addrs.push((ip, prefix));
+        }
+    }
+    // SAFETY: head came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0")
+        .or_else(|_| std::net::UdpSocket::bind("[::]:0"))
+        .map_err(|e| NicError::io("socket for interface ioctls", e))?;
+    for l in &mut out {
+        // An interface gone since the listing keeps the default.
+        l.mtu = sys::if_mtu(std::os::fd::AsRawFd::as_raw_fd(&sock), &l.name)
+            .map_or(1500, |m| u32::try_from(m).unwrap_or(u32::MAX));
+    }
+    Ok(out)
+}
+
+/// The IP address of an AF_INET / AF_INET6 sockaddr (None otherwise).
+fn ip_of(sa: *const libc::sockaddr) -> Option<IpAddr> {
+    // SAFETY: sa is non-null and starts with the family field; the family
+    // says which struct the whole is.
+    unsafe {
+        match i32::from((*sa).sa_family) {
+            libc::AF_INET => {
+                let sin = &*(sa as *const libc::sockaddr_in);
+                Some(IpAddr::from(sin.sin_addr.s_addr.to_ne_bytes()))
+            }
+            libc::AF_INET6 => {
+                let sin6 = &*(sa as *const libc::sockaddr_in6);
+                Some(IpAddr::from(sin6.sin6_addr.s6_addr))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The prefix length of a netmask sockaddr (0 when absent).
+fn prefix_len(mask: *const libc::sockaddr) -> u8 {
+    if mask.is_null() {
+        return 0;
+    }
+    let ones = match ip_of(mask) {
+        Some(IpAddr::V4(m)) => u32::from(m).count_ones(),
+        Some(IpAddr::V6(m)) => u128::from(m).count_ones(),
+        None => 0,
+    };
+    ones as u8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_is_listed_up_with_its_addresses() {
+        let links = links().unwrap();
+        let lo = links.iter().find(|l| l.name == "lo").expect("lo");
+        assert!(lo.up);
+        assert_eq!(lo.mac, [0; 6]);
+        assert!(lo.mtu >= 1280, "{lo:?}");
+        assert!(
+            lo.addrs.contains(&("127.0.0.1".parse().unwrap(), 8)),
+            "{lo:?}"
+        );
+    }
+}
