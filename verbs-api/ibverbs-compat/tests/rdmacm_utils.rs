@@ -172,6 +172,25 @@ fn rdmacm_tools_on_loopback() {
         };
         assert!(row(&c), "{t}: no result row\n{c}\n{s}");
     }
+    // A connect to a port no one listens on is refused as the kernel CM
+    // refuses it (REJ "invalid service ID"), once the grace in which the
+    // request goes again (a listener may be on its way) is over.
+    let started = std::time::Instant::now();
+    let (out, timed_out) = common::wait(
+        tool("rping -c -a 127.0.0.1 -p 7199 -C 1")
+            .spawn()
+            .expect("spawn rping"),
+        Duration::from_secs(20),
+    );
+    let took = started.elapsed();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !timed_out && !out.status.success() && text.contains("RDMA_CM_EVENT_REJECTED, error 8"),
+        "{text}"
+    );
+    let grace = ferroce_ibverbs_compat::rdmacm::device::NO_LISTENER_GRACE;
+    assert!(took >= grace, "refused after {took:?}");
     // Every tool left the UDP port's shared table at exit (librdmacm's
     // devices are never closed): no line names a process that is gone.
     let gone: Vec<String> = std::fs::read_dir("/dev/shm")

@@ -2,9 +2,9 @@
 //! the host against the same tools on Linux rxe in a QEMU VM (the interop
 //! harness's lab): RC ping-pong with data validation, perftest
 //! WRITE/READ/SEND/atomic bandwidth and WRITE/SEND latency, and perftest
-//! over rdma_cm (`-R`, RC and UD, against rxe's kernel CM; the host
-//! serves). Skips without root, QEMU or the VM image. TCG is slow: small
-//! counts, generous time-outs; function, not speed.
+//! over rdma_cm (`-R`, RC and UD, against rxe's kernel CM), in both roles.
+//! Skips without root, QEMU or the VM image. TCG is slow: small counts,
+//! generous time-outs; function, not speed.
 
 mod common;
 
@@ -65,7 +65,10 @@ fn vm_serves(lab: &RxeLab, program: &str, args: &str) -> (String, String) {
         .spawn(&format!("{program} {args} -p {PORT}"))
         .expect("spawn in the VM");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while vm.wait_listening(PORT, Duration::from_secs(1)).is_err() {
+    if args.contains("-R") {
+        std::thread::sleep(RDMA_CM_START);
+    }
+    while !args.contains("-R") && vm.wait_listening(PORT, Duration::from_secs(1)).is_err() {
         assert!(
             Instant::now() < deadline,
             "{program}: rxe server not listening"
@@ -189,31 +192,29 @@ fn shim_rdma_cm_perftest_against_rxe_vm() {
     // rest of -R is covered on loopback (rdmacm_utils) and against ferroce
     // bench -R in the interop tests.
     //
-    // The VM is the client only: perftest 4.5's server creates the test
-    // QPs' listening ID once its last hand-shake SEND completes, that is when
-    // the client's ACK of it arrives, and the client sends its REQ right
-    // after that ACK (a capture: 1 ms later). A TCG-slow server's listen
-    // then comes too late for any quick client (the kernel CM answers REJ
-    // "invalid service ID"; the tool's retry reuses the IDs it destroyed);
-    // netem delays on the link change nothing, as the REQ follows the ACK.
-    // ferroce bench -R retries such a REJ, and runs as the client against
-    // perftest -R servers on rxe in the interop tests.
+    // perftest 4.5's server creates its test QPs' listener only once its
+    // last hand-shake SEND is acknowledged, and the client sends its REQ
+    // right after that ACK: against this TCG-slow server the drop-in's
+    // client is refused for want of a listener (kernel CM: REJ "invalid
+    // service ID") and sends the request again, as it does for
+    // NO_LISTENER_GRACE after rdma_connect.
     let cases = [
         ("ib_send_bw", "-R -F -m 1024 -s 8192 -n 50", "8192", "50"),
         ("ib_read_lat", "-R -F -m 1024 -s 64 -n 30", "64", "30"),
         ("ib_send_lat", "-R -F -c UD -m 1024 -s 64 -n 30", "64", "30"),
     ];
     for (tool, args, size, iters) in cases {
-        let (v, h) = host_serves(&lab, tool, args);
-        let row = |t: &str| {
-            t.lines().any(|l| {
-                let w: Vec<&str> = l.split_whitespace().collect();
-                w.len() >= 4 && w[0] == size && w[1] == iters
-            })
-        };
-        assert!(
-            row(&v) || row(&h),
-            "{tool} {args}: no result row\n--- rxe:\n{v}\n--- host:\n{h}"
-        );
+        for (v, h) in [vm_serves(&lab, tool, args), host_serves(&lab, tool, args)] {
+            let row = |t: &str| {
+                t.lines().any(|l| {
+                    let w: Vec<&str> = l.split_whitespace().collect();
+                    w.len() >= 4 && w[0] == size && w[1] == iters
+                })
+            };
+            assert!(
+                row(&v) || row(&h),
+                "{tool} {args}: no result row\n--- rxe:\n{v}\n--- host:\n{h}"
+            );
+        }
     }
 }

@@ -9,7 +9,8 @@ use std::ptr;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use ferroce_verbs::cm::{CmAgent, CmEvent, Connection, PeerOffer, UdPeer};
+use ferroce_stack::wire::mad::sidr_status;
+use ferroce_verbs::cm::{CmAgent, CmEvent, Connection, PeerOffer, UdPeer, REJ_INVALID_SERVICE_ID};
 use ferroce_verbs::{ConnectOptions, ProtectionDomain};
 
 use super::channel::Event;
@@ -19,6 +20,19 @@ use crate::handles::{fctx, fqp, set_errno, FContext, FDevice};
 
 /// How long the service thread sleeps at most between looks at the agent.
 const IDLE_WAIT: Duration = Duration::from_millis(200);
+
+/// How long after rdma_connect a refusal for want of a listener (REJ
+/// "invalid service ID", SIDR_REP "service ID not supported") makes the
+/// request go again instead of failing the connect. The kernel reports the
+/// first one; but perftest `-R`'s server creates its test QPs' listener
+/// only when its last hand-shake message is acknowledged, and its client
+/// sends the REQ right after that acknowledgement, so a client much quicker
+/// than the server (ferroce's, against a server in a slow VM or on a busy
+/// host) would be refused every time, where a kernel client, slower to get
+/// there (memory registration, QP creation), is not.
+pub const NO_LISTENER_GRACE: Duration = Duration::from_millis(500);
+/// The first wait before a refused request goes again; each next one doubles.
+const REDIAL_FIRST: Duration = Duration::from_millis(5);
 
 /// A device with its connection manager.
 pub struct CmDevice {
@@ -38,6 +52,8 @@ pub struct CmDevice {
     dispatching: Mutex<()>,
     /// The PD of QPs made without one (librdmacm's per-device PD).
     default_pd: OnceLock<usize>,
+    /// Refused requests to send again, and when.
+    redials: Mutex<Vec<(Instant, Arc<CmId>)>>,
 }
 
 // SAFETY: `verbs` names a context that is never closed; everything else is
@@ -88,6 +104,7 @@ fn open(fdev: *mut FDevice) -> Result<&'static CmDevice, c_int> {
         listeners: Mutex::new(HashMap::new()),
         dispatching: Mutex::new(()),
         default_pd: OnceLock::new(),
+        redials: Mutex::new(Vec::new()),
     }));
     let spawned = std::thread::Builder::new()
         .name(format!("ferroce-cm-{}", dev.ifname))
@@ -193,11 +210,15 @@ impl CmDevice {
         let cq = self.agent().completion_queue();
         loop {
             self.pump();
-            let wait = self
-                .agent()
-                .next_timer()
-                .map_or(IDLE_WAIT, |t| t.saturating_duration_since(Instant::now()))
-                .min(IDLE_WAIT);
+            let next = [
+                self.agent().next_timer(),
+                lock(&self.redials).iter().map(|(at, _)| *at).min(),
+            ];
+            let wait = next
+                .into_iter()
+                .flatten()
+                .map(|t| t.saturating_duration_since(Instant::now()))
+                .fold(IDLE_WAIT, Duration::min);
             if !wait.is_zero() {
                 let _ = cq.wait(wait);
             }
@@ -218,6 +239,70 @@ impl CmDevice {
         };
         for ev in events {
             self.dispatch(ev);
+        }
+        self.redial_due();
+    }
+
+    /// Whether the refusal of request `id` for want of a listener is to be
+    /// answered by sending it again (then it is scheduled, and nothing is
+    /// reported).
+    fn redial_later(&self, id: u32) -> bool {
+        let Some(owner) = self.owner(id) else {
+            return false;
+        };
+        let wait = {
+            let mut st = owner.state();
+            let destroyed = st.destroyed;
+            let Some(d) = st.dial.as_mut().filter(|_| !destroyed) else {
+                return false;
+            };
+            if d.first.elapsed() >= NO_LISTENER_GRACE {
+                return false;
+            }
+            let wait = REDIAL_FIRST * 2u32.saturating_pow(d.again.min(16));
+            d.again += 1;
+            st.comm_id = None;
+            wait
+        };
+        self.disown(id);
+        lock(&self.redials).push((Instant::now() + wait, owner));
+        true
+    }
+
+    /// Sends again the refused requests whose wait is over.
+    fn redial_due(&self) {
+        let now = Instant::now();
+        let due: Vec<Arc<CmId>> = {
+            let mut r = lock(&self.redials);
+            let (due, later) = r.drain(..).partition(|(at, _)| *at <= now);
+            *r = later;
+            due.into_iter().map(|(_, id)| id).collect()
+        };
+        for id in due {
+            let mut st = id.state();
+            if st.destroyed {
+                continue;
+            }
+            let Some(d) = st.dial.as_ref() else {
+                continue;
+            };
+            let sent = d.kind.dial(&mut self.agent());
+            match sent {
+                Ok(cid) => {
+                    self.own(cid, &id);
+                    st.comm_id = Some(cid);
+                }
+                Err(e) => {
+                    drop(st);
+                    let ev = Event::new(
+                        &id,
+                        id.handle(),
+                        ffi::RDMA_CM_EVENT_UNREACHABLE,
+                        -crate::handles::errno_of(&e),
+                    );
+                    id.report(ev);
+                }
+            }
         }
     }
 
@@ -330,6 +415,10 @@ impl CmDevice {
             CmEvent::Established { id } => self.to_owner(id, false, |o| {
                 Event::new(o, o.handle(), ffi::RDMA_CM_EVENT_ESTABLISHED, 0)
             }),
+            CmEvent::Rejected { id, reason, .. }
+                if reason == REJ_INVALID_SERVICE_ID && self.redial_later(id) => {}
+            CmEvent::UdRefused { id, status }
+                if status == sidr_status::UNSUPPORTED && self.redial_later(id) => {}
             CmEvent::Rejected {
                 id,
                 reason,

@@ -6,6 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ptr;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use ferroce_verbs::cm::{self, ConnParam, REJ_CONSUMER_DEFINED};
 use ferroce_verbs::multicast;
@@ -14,7 +15,7 @@ use ferroce_verbs::ConnectOptions;
 use super::addr::{self, from_c};
 use super::channel::{self, Channel, Event};
 use super::device::{self, CmDevice};
-use super::{fail, hand_out, id_arc, take_handle, CmId, IdState, Pending};
+use super::{fail, hand_out, id_arc, take_handle, CmId, Dial, DialKind, IdState, Pending};
 use crate::ffi;
 use crate::handles::{errno_of, fctx, fqp};
 
@@ -503,9 +504,12 @@ pub unsafe extern "C" fn rdma_connect(
         let (p, qp_num) = unsafe { conn_param(param, &st) };
         // SAFETY: the ID's QP, if any, is live.
         let qp = unsafe { (*me.c()).qp };
-        let mut a = dev.agent();
-        let started = if me_ps(&me) == ffi::RDMA_PS_UDP {
-            a.start_resolve_ud(dst, &p.private_data, p.traffic_class)
+        let kind = if me_ps(&me) == ffi::RDMA_PS_UDP {
+            DialKind::Ud {
+                dst,
+                private_data: p.private_data,
+                traffic_class: p.traffic_class,
+            }
         } else {
             let qpn = if qp.is_null() {
                 qp_num
@@ -513,14 +517,21 @@ pub unsafe extern "C" fn rdma_connect(
                 // SAFETY: a QP of this library.
                 unsafe { fqp(qp) }.qp.qpn()
             };
-            a.start_connect(qpn, dst, &p)
+            DialKind::Rc { qpn, dst, param: p }
         };
-        match started {
+        let mut a = dev.agent();
+        match kind.dial(&mut a) {
             Ok(cid) => {
                 dev.own(cid, &me);
                 drop(a);
                 drop(st);
-                me.state().comm_id = Some(cid);
+                let mut st = me.state();
+                st.comm_id = Some(cid);
+                st.dial = Some(Dial {
+                    first: Instant::now(),
+                    again: 0,
+                    kind,
+                });
                 dev
             }
             Err(e) => return fail(errno_of(&e)),

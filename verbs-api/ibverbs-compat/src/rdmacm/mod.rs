@@ -77,6 +77,47 @@ pub struct IdState {
     pub made_cqs: bool,
     /// rdma_destroy_id has begun: no more events.
     pub destroyed: bool,
+    /// How rdma_connect began, to begin again while the peer has no
+    /// listener yet (see [`device::NO_LISTENER_GRACE`]).
+    pub dial: Option<Dial>,
+}
+
+/// An rdma_connect's request, kept to be sent again.
+pub struct Dial {
+    /// When the first one went.
+    pub first: std::time::Instant,
+    /// Requests sent again so far.
+    pub again: u32,
+    pub kind: DialKind,
+}
+
+pub enum DialKind {
+    /// A REQ from QP `qpn`.
+    Rc {
+        qpn: u32,
+        dst: SocketAddr,
+        param: ferroce_verbs::cm::ConnParam,
+    },
+    /// A SIDR_REQ.
+    Ud {
+        dst: SocketAddr,
+        private_data: Vec<u8>,
+        traffic_class: u8,
+    },
+}
+
+impl DialKind {
+    /// Sends the request; returns its comm ID (request ID for UD).
+    pub fn dial(&self, a: &mut ferroce_verbs::cm::CmAgent<'_>) -> ferroce_verbs::Result<u32> {
+        match self {
+            DialKind::Rc { qpn, dst, param } => a.start_connect(*qpn, *dst, param),
+            DialKind::Ud {
+                dst,
+                private_data,
+                traffic_class,
+            } => a.start_resolve_ud(*dst, private_data, *traffic_class),
+        }
+    }
 }
 
 /// rdma_cm_id and what stands behind it.
