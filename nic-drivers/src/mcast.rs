@@ -201,7 +201,16 @@ fn membership_socket(
             )?;
         }
         crate::udp::report_rx_headers(raw, v6)?;
-        let (ss, len) = crate::udp::to_sockaddr(&SocketAddr::new(group, port));
+        // An interface- or link-local group (ff01::/16, ff02::/16: scope
+        // 1 or 2, RFC 4291 2.7) is bound with its interface, as a link-local
+        // address is; perftest's default MGID is ff01:0:2:c985::.
+        let at = match group {
+            IpAddr::V6(g) if matches!(g.segments()[0] & 0xf, 1 | 2) => {
+                SocketAddr::V6(std::net::SocketAddrV6::new(g, port, 0, ifindex))
+            }
+            _ => SocketAddr::new(group, port),
+        };
+        let (ss, len) = crate::udp::to_sockaddr(&at);
         // SAFETY: ss holds a valid sockaddr of `len` bytes.
         let r = unsafe { libc::bind(raw, (&ss as *const libc::sockaddr_storage).cast(), len) };
         match sys::cvt(r, "bind multicast group") {
@@ -312,6 +321,26 @@ mod tests {
         assert_eq!(m("ff0e::1:2:3:4"), Some([0x33, 0x33, 0, 3, 0, 4]));
         assert_eq!(m("198.18.0.1"), None);
         assert_eq!(m("fd00::1"), None);
+    }
+
+    /// perftest's default MGID is interface-local (ff01:0:2:c985::): the
+    /// receiving socket binds it with its interface as the scope.
+    #[test]
+    fn a_scoped_ipv6_group_binds_with_its_interface() {
+        let Some(lo) = ifindex_of_addr("::1".parse().unwrap()) else {
+            eprintln!("SKIP a_scoped_ipv6_group_binds_with_its_interface: lo has no ::1");
+            return;
+        };
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .and_then(|s| s.local_addr())
+            .unwrap()
+            .port();
+        let mut m = Memberships::new(lo, Some("::1".parse().unwrap()), Some(port));
+        for g in ["ff01:0:2:c985::", "ff02::1:7"] {
+            let g: IpAddr = g.parse().unwrap();
+            m.join(g).unwrap();
+            assert!(m.receive_fd(g).is_some(), "{g}");
+        }
     }
 
     #[test]

@@ -106,6 +106,30 @@ fn ib_send_bw() {
                 &["-F", "-x", "1", "-c", "UD", "-s", "1024", "-n", "2000"],
                 "1024",
             ),
+            // Multicast (-g): to an IPv4 group (as an IPv4-mapped MGID) from
+            // the IPv4 GID, and to perftest's default, interface-local MGID
+            // (ff01:0:2:c985::) from the IPv6 one.
+            (
+                &[
+                    "-F",
+                    "-x",
+                    "1",
+                    "-c",
+                    "UD",
+                    "-g",
+                    "-M",
+                    "0:0:0:0:0:0:0:0:0:0:255:255:239:1:2:3",
+                    "-s",
+                    "512",
+                    "-n",
+                    "500",
+                ],
+                "512",
+            ),
+            (
+                &["-F", "-x", "2", "-c", "UD", "-g", "-s", "512", "-n", "500"],
+                "512",
+            ),
         ],
     );
 }
