@@ -202,6 +202,7 @@ fn shared_context(ifname: &str) -> Result<Context, ()> {
         Ok(c) => {
             static AT_EXIT: std::sync::Once = std::sync::Once::new();
             AT_EXIT.call_once(|| {
+                OPENER.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
                 // SAFETY: registers a plain function; atexit has no other
                 // requirement.
                 unsafe { libc::atexit(leave_shared_at_exit) };
@@ -219,11 +220,18 @@ fn shared_context(ifname: &str) -> Result<Context, ()> {
     }
 }
 
+/// The process that registered [`leave_shared_at_exit`].
+static OPENER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 /// At exit, the devices still open (programs that never close theirs,
 /// librdmacm's, which it never closes) leave the tables they share with
 /// other processes under `/dev/shm`, as closing them would: no file is left
 /// behind, and the other members are steered right at once.
 extern "C" fn leave_shared_at_exit() {
+    // A forked child that exits must not take its parent's places.
+    if OPENER.load(std::sync::atomic::Ordering::Relaxed) != std::process::id() {
+        return;
+    }
     let open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
     for c in open.iter().filter_map(|(_, w)| w.upgrade()) {
         c.leave_shared();
