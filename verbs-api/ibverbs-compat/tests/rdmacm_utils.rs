@@ -80,6 +80,7 @@ fn rdmacm_tools_on_loopback() {
         "rdma_client",
         "ib_send_bw",
         "ib_write_bw",
+        "cmtime",
     ];
     if !can_run("rdmacm_tools_on_loopback", &tools) {
         return;
@@ -172,6 +173,30 @@ fn rdmacm_tools_on_loopback() {
         };
         assert!(row(&c), "{t}: no result row\n{c}\n{s}");
     }
+    // cmtime: 20 connections set up at once (their MADs interleave on QP1),
+    // then torn down; the server runs until it is stopped.
+    let mut server = tool("cmtime -b 127.0.0.1 -p 7198 -c 20")
+        .spawn()
+        .expect("spawn cmtime server");
+    std::thread::sleep(Duration::from_millis(1500));
+    let (out, timed_out) = common::wait(
+        tool("cmtime -s 127.0.0.1 -p 7198 -c 20")
+            .spawn()
+            .expect("spawn cmtime"),
+        Duration::from_secs(60),
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !timed_out
+            && out.status.success()
+            && text.lines().any(|l| l.starts_with("connect "))
+            && text.lines().any(|l| l.starts_with("disconnect ")),
+        "cmtime: {}\n{text}",
+        out.status
+    );
     // A connect to a port no one listens on is refused as the kernel CM
     // refuses it (REJ "invalid service ID"), once the grace in which the
     // request goes again (a listener may be on its way) is over.

@@ -364,6 +364,14 @@ impl<'a> CmAgent<'a> {
         self.events.drain(..).collect()
     }
 
+    /// Whether MADs taken off QP1 while sending wait for
+    /// [`CmAgent::progress`]: a send drains QP1's CQ, so a call that sends
+    /// outside `progress` (accepting, finishing a connect, rejecting) may
+    /// leave a peer's MAD here, where no completion will signal it.
+    pub fn has_unread(&self) -> bool {
+        !self.inbox.is_empty()
+    }
+
     /// When [`CmAgent::progress`] next has a resend to make, if any.
     pub fn next_timer(&self) -> Option<Instant> {
         self.outstanding.values().map(|o| o.next_send).min()

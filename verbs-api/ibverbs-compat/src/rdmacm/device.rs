@@ -230,17 +230,24 @@ impl CmDevice {
     /// the agent's inbox (so they are handled now, not at the next wake).
     pub fn pump(&'static self) {
         let _order = lock(&self.dispatching);
-        let events = {
-            let mut a = self.agent();
-            if let Err(e) = a.progress() {
-                eprintln!("ferroce librdmacm: {}: {e}", self.ifname);
+        loop {
+            let events = {
+                let mut a = self.agent();
+                if let Err(e) = a.progress() {
+                    eprintln!("ferroce librdmacm: {}: {e}", self.ifname);
+                }
+                a.take_events()
+            };
+            for ev in events {
+                self.dispatch(ev);
             }
-            a.take_events()
-        };
-        for ev in events {
-            self.dispatch(ev);
+            self.redial_due();
+            // Answering (a REP, an RTU) drains QP1's CQ: what came with it
+            // is handled now, not at the service thread's next wake.
+            if !self.agent().has_unread() {
+                break;
+            }
         }
-        self.redial_due();
     }
 
     /// Whether the refusal of request `id` for want of a listener is to be

@@ -557,13 +557,17 @@ pub unsafe extern "C" fn rdma_establish(id: *mut ffi::rdma_cm_id) -> c_int {
         return fail(libc::EINVAL);
     };
     let r = dev.agent().establish(cid, &rep);
-    match r {
+    let rc = match r {
         Ok(conn) => {
             st.conn = Some(conn);
             0
         }
         Err(e) => fail(errno_of(&e)),
-    }
+    };
+    drop(st);
+    // The RTU's send may have taken a MAD off QP1: see CmDevice::pump.
+    dev.pump();
+    rc
 }
 
 /// rdma_accept: answers the request this ID was made for: RC with a REP
@@ -674,6 +678,8 @@ pub unsafe extern "C" fn rdma_reject(
         Some(Pending::Ud(req)) => dev.agent().reject_ud(&req, 2),
         None => return fail(libc::EINVAL),
     };
+    drop(st);
+    dev.pump();
     match r {
         Ok(()) => 0,
         Err(e) => fail(errno_of(&e)),
