@@ -81,7 +81,11 @@ struct Outstanding {
 pub struct CmAgent<'a> {
     pub(super) ctx: &'a Context,
     qp: QueuePair<'a>,
+    /// QP1's receives; its sends complete on `send_cq`, so waiting for a
+    /// send never takes a peer's MAD off this queue, where the thread that
+    /// sleeps on it would not see it.
     cq: Arc<CompletionQueue>,
+    send_cq: CompletionQueue,
     mr: MemoryRegion<'a>,
     sgid_index: usize,
     guid: u64,
@@ -136,6 +140,7 @@ impl<'a> CmAgent<'a> {
             )));
         }
         let cq = Arc::new(ctx.create_cq((2 * RECV_SLOTS) as u32)?);
+        let send_cq = ctx.create_cq(16)?;
         let qp = pd
             .create_qp()
             .qp_type(QpType::Ud)
@@ -146,7 +151,7 @@ impl<'a> CmAgent<'a> {
                 max_recv_sge: 1,
                 max_inline_data: 0,
             })
-            .build_gsi(&cq, &cq)?;
+            .build_gsi(&send_cq, &cq)?;
         let mr = pd.reg_mr((RECV_SLOTS + 1) * RECV_LEN, AccessFlags::LOCAL_WRITE)?;
         let opts = ConnectOptions {
             qkey: GSI_QKEY,
@@ -165,6 +170,7 @@ impl<'a> CmAgent<'a> {
             ctx,
             qp,
             cq,
+            send_cq,
             mr,
             sgid_index,
             guid,
@@ -252,8 +258,11 @@ impl<'a> CmAgent<'a> {
         self.qp.post_send(&[wr])?;
         // The send buffer is reused by the next send: wait for this one.
         let deadline = Instant::now() + Duration::from_secs(5);
+        let mut wcs = Vec::new();
         loop {
-            match self.drain_cq()? {
+            wcs.clear();
+            self.send_cq.poll(1, &mut wcs)?;
+            match wcs.first().map(|wc| wc.status) {
                 Some(WcStatus::Success) => return Ok(()),
                 Some(status) => return Err(Error::Cm(format!("MAD send failed: {status:?}"))),
                 None => {}
@@ -261,7 +270,7 @@ impl<'a> CmAgent<'a> {
             if Instant::now() >= deadline {
                 return Err(Error::Timeout(Duration::from_secs(5), "a MAD send"));
             }
-            self.cq.wait(Duration::from_millis(10)).ok();
+            self.send_cq.wait(Duration::from_millis(10)).ok();
         }
     }
 
@@ -292,21 +301,15 @@ impl<'a> CmAgent<'a> {
         Ok(())
     }
 
-    /// Takes what QP1's CQ holds: each receive into the inbox
-    /// ([`CmAgent::take_recv`]); returns the status of a send's completion
-    /// among them.
-    fn drain_cq(&mut self) -> Result<Option<WcStatus>> {
+    /// Takes the MADs QP1 has received into the inbox
+    /// ([`CmAgent::take_recv`]).
+    fn drain_cq(&mut self) -> Result<()> {
         let mut wcs = Vec::new();
         self.cq.poll(16, &mut wcs)?;
-        let mut sent = None;
         for wc in &wcs {
-            if wc.wr_id == SEND_WR_ID {
-                sent = Some(wc.status);
-            } else {
-                self.take_recv(wc)?;
-            }
+            self.take_recv(wc)?;
         }
-        Ok(sent)
+        Ok(())
     }
 
     /// A receive completion: the MAD parsed and queued for [`CmAgent::progress`].
@@ -362,14 +365,6 @@ impl<'a> CmAgent<'a> {
     /// The events queued so far, oldest first.
     pub fn take_events(&mut self) -> Vec<CmEvent> {
         self.events.drain(..).collect()
-    }
-
-    /// Whether MADs taken off QP1 while sending wait for
-    /// [`CmAgent::progress`]: a send drains QP1's CQ, so a call that sends
-    /// outside `progress` (accepting, finishing a connect, rejecting) may
-    /// leave a peer's MAD here, where no completion will signal it.
-    pub fn has_unread(&self) -> bool {
-        !self.inbox.is_empty()
     }
 
     /// When [`CmAgent::progress`] next has a resend to make, if any.

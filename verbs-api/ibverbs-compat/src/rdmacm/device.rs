@@ -226,28 +226,21 @@ impl CmDevice {
     }
 
     /// Runs the agent and hands its events to their IDs. Called by the
-    /// service thread, and by calls that may have taken MADs off QP1 into
-    /// the agent's inbox (so they are handled now, not at the next wake).
+    /// service thread, and by calls that changed the agent (so what follows
+    /// from them is handed out now, not at the thread's next wake).
     pub fn pump(&'static self) {
         let _order = lock(&self.dispatching);
-        loop {
-            let events = {
-                let mut a = self.agent();
-                if let Err(e) = a.progress() {
-                    eprintln!("ferroce librdmacm: {}: {e}", self.ifname);
-                }
-                a.take_events()
-            };
-            for ev in events {
-                self.dispatch(ev);
+        let events = {
+            let mut a = self.agent();
+            if let Err(e) = a.progress() {
+                eprintln!("ferroce librdmacm: {}: {e}", self.ifname);
             }
-            self.redial_due();
-            // Answering (a REP, an RTU) drains QP1's CQ: what came with it
-            // is handled now, not at the service thread's next wake.
-            if !self.agent().has_unread() {
-                break;
-            }
+            a.take_events()
+        };
+        for ev in events {
+            self.dispatch(ev);
         }
+        self.redial_due();
     }
 
     /// Whether the refusal of request `id` for want of a listener is to be

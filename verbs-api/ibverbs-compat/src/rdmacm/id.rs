@@ -34,9 +34,7 @@ fn ephemeral_port() -> u16 {
 
 /// The ID behind a handle, or EINVAL.
 pub(super) fn get(id: *mut ffi::rdma_cm_id) -> Result<Arc<CmId>, c_int> {
-    if id.is_null() {
-        return Err(libc::EINVAL);
-    }
+    // NULL is never a live handle.
     id_arc(id).ok_or(libc::EINVAL)
 }
 
@@ -557,17 +555,13 @@ pub unsafe extern "C" fn rdma_establish(id: *mut ffi::rdma_cm_id) -> c_int {
         return fail(libc::EINVAL);
     };
     let r = dev.agent().establish(cid, &rep);
-    let rc = match r {
+    match r {
         Ok(conn) => {
             st.conn = Some(conn);
             0
         }
         Err(e) => fail(errno_of(&e)),
-    };
-    drop(st);
-    // The RTU's send may have taken a MAD off QP1: see CmDevice::pump.
-    dev.pump();
-    rc
+    }
 }
 
 /// rdma_accept: answers the request this ID was made for: RC with a REP
@@ -678,8 +672,6 @@ pub unsafe extern "C" fn rdma_reject(
         Some(Pending::Ud(req)) => dev.agent().reject_ud(&req, 2),
         None => return fail(libc::EINVAL),
     };
-    drop(st);
-    dev.pump();
     match r {
         Ok(()) => 0,
         Err(e) => fail(errno_of(&e)),
