@@ -48,13 +48,6 @@ fn pair(server: &str, client: &str) -> (String, String) {
     let c = tool(client).spawn().expect("spawn client");
     let (c, ct) = common::wait(c, Duration::from_secs(60));
     let (s, st) = common::wait(s, Duration::from_secs(20));
-    let text = |o: &std::process::Output| {
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    };
     let (stext, ctext) = (text(&s), text(&c));
     assert!(
         !ct && !st && c.status.success() && s.status.success(),
@@ -65,6 +58,23 @@ fn pair(server: &str, client: &str) -> (String, String) {
         if st { " (timed out)" } else { "" },
     );
     (stext, ctext)
+}
+
+/// What a tool printed, stdout then stderr.
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Runs `line` alone (at most `timeout`): its output, whether it timed
+/// out, and what it printed.
+fn run_alone(line: &str, timeout: Duration) -> (std::process::Output, bool, String) {
+    let (out, timed_out) = common::wait(tool(line).spawn().expect("spawn"), timeout);
+    let t = text(&out);
+    (out, timed_out, t)
 }
 
 /// One test: the cases share UDP port 4791 on `lo`, whose first device
@@ -179,16 +189,10 @@ fn rdmacm_tools_on_loopback() {
         .spawn()
         .expect("spawn cmtime server");
     std::thread::sleep(Duration::from_millis(1500));
-    let (out, timed_out) = common::wait(
-        tool("cmtime -s 127.0.0.1 -p 7198 -c 20")
-            .spawn()
-            .expect("spawn cmtime"),
-        Duration::from_secs(60),
-    );
+    let (out, timed_out, text) =
+        run_alone("cmtime -s 127.0.0.1 -p 7198 -c 20", Duration::from_secs(60));
     let _ = server.kill();
     let _ = server.wait();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(
         !timed_out
             && out.status.success()
@@ -201,15 +205,11 @@ fn rdmacm_tools_on_loopback() {
     // refuses it (REJ "invalid service ID"), once the grace in which the
     // request goes again (a listener may be on its way) is over.
     let started = std::time::Instant::now();
-    let (out, timed_out) = common::wait(
-        tool("rping -c -a 127.0.0.1 -p 7199 -C 1")
-            .spawn()
-            .expect("spawn rping"),
+    let (out, timed_out, text) = run_alone(
+        "rping -c -a 127.0.0.1 -p 7199 -C 1",
         Duration::from_secs(20),
     );
     let took = started.elapsed();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(
         !timed_out && !out.status.success() && text.contains("RDMA_CM_EVENT_REJECTED, error 8"),
         "{text}"
