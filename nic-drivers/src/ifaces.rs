@@ -13,6 +13,7 @@ use crate::NicError;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Link {
     pub name: String,
+    pub index: u32,
     /// The Ethernet address; zero for links of other kinds (loopback, tun).
     pub mac: [u8; 6],
     pub mtu: u32,
@@ -56,6 +57,7 @@ pub fn links() -> Result<Vec<Link>, NicError> {
             }
             out.push(Link {
                 name,
+                index: u32::try_from(ll.sll_ifindex).unwrap_or(0),
                 mac,
                 mtu: 0,
                 up: ifa.ifa_flags & libc::IFF_UP as u32 != 0,

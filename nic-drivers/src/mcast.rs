@@ -266,44 +266,11 @@ fn membership_socket(
 /// thread's namespace).
 pub(crate) fn ifindex_of_addr(ip: IpAddr) -> Option<u32> {
     let ip = unmapped(ip);
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills head with a list we free below.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return None;
-    }
-    let mut found = None;
-    let mut p = head;
-    while !p.is_null() && found.is_none() {
-        // SAFETY: p is a node of the list getifaddrs returned, not yet freed.
-        let ifa = unsafe { &*p };
-        if !ifa.ifa_addr.is_null() {
-            // SAFETY: ifa_addr points to a sockaddr of its family's size;
-            // sockaddr_storage is read only as far as that family's struct.
-            let addr = unsafe {
-                let mut ss: libc::sockaddr_storage = std::mem::zeroed();
-                let n = match i32::from((*ifa.ifa_addr).sa_family) {
-                    libc::AF_INET => std::mem::size_of::<libc::sockaddr_in>(),
-                    libc::AF_INET6 => std::mem::size_of::<libc::sockaddr_in6>(),
-                    _ => 0,
-                };
-                std::ptr::copy_nonoverlapping(
-                    ifa.ifa_addr.cast::<u8>(),
-                    (&mut ss as *mut libc::sockaddr_storage).cast::<u8>(),
-                    n,
-                );
-                (n > 0).then(|| crate::udp::from_sockaddr(&ss)).flatten()
-            };
-            if addr.map(|a| a.ip()) == Some(ip) {
-                // SAFETY: ifa_name is a NUL-terminated string of the list.
-                let idx = unsafe { libc::if_nametoindex(ifa.ifa_name) };
-                found = (idx != 0).then_some(idx);
-            }
-        }
-        p = ifa.ifa_next;
-    }
-    // SAFETY: head came from getifaddrs and is freed once.
-    unsafe { libc::freeifaddrs(head) };
-    found
+    crate::ifaces::links()
+        .ok()?
+        .into_iter()
+        .find(|l| l.addrs.iter().any(|(a, _)| *a == ip))
+        .map(|l| l.index)
 }
 
 #[cfg(test)]

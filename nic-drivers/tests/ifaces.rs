@@ -1,5 +1,5 @@
 //! The interface listing (getifaddrs + ioctl) agrees with iproute2's view of
-//! the same namespace: names in order, up flags, MTUs, MACs, and addresses
+//! the same namespace: names and indexes in order, up flags, MTUs, MACs, and addresses
 //! in `ip -o addr`'s order (GID tables are built from that order).
 
 use std::net::IpAddr;
@@ -36,6 +36,8 @@ fn links_agree_with_iproute2() {
     let my_names: Vec<&str> = mine.iter().map(|l| l.name.as_str()).collect();
     assert_eq!(my_names, names, "{links}");
     for (l, line) in mine.iter().zip(links.lines()) {
+        let index = line.split(':').next().and_then(|i| i.trim().parse().ok());
+        assert_eq!(Some(l.index), index, "{line}");
         let toks: Vec<&str> = line.split_whitespace().collect();
         let after = |k: &str| {
             toks.iter()
