@@ -86,6 +86,22 @@ impl Capture {
         &self.path
     }
 
+    /// Returns once the file has not grown for `quiet` (tcpdump runs with `-U`: each frame is
+    /// written as it is captured), or after `at_most`: the last ACKs of a run that has just
+    /// ended cross the link before [`Capture::stop`].
+    pub fn settle(&self, quiet: Duration, at_most: Duration) {
+        let started = Instant::now();
+        let size = || std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
+        let (mut last, mut since) = (size(), Instant::now());
+        while started.elapsed() < at_most && since.elapsed() < quiet {
+            std::thread::sleep(Duration::from_millis(10));
+            let now = size();
+            if now != last {
+                (last, since) = (now, Instant::now());
+            }
+        }
+    }
+
     /// Stops tcpdump (SIGINT, so it flushes) and returns its counters.
     pub fn stop(mut self) -> Result<CaptureStats> {
         self.finish()?;

@@ -237,6 +237,35 @@ impl HostJob {
         )
     }
 
+    /// Waits until the process holds a socket ferroce moves RoCE frames through: an AF_PACKET
+    /// socket, or a UDP socket on port 4791 (from `/proc/<pid>/fd` and the process's
+    /// `/proc/<pid>/net/{packet,udp,udp6}`). A ferroce tool opens its device there, moments
+    /// before its rdma_cm agent listens: a server with no TCP port to wait for is up then.
+    pub fn wait_roce_socket(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let Some(pid) = self.pid() else {
+                return Err(self.died("not started"));
+            };
+            if roce_socket_open(pid) {
+                return Ok(());
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(self.died(&format!("exited ({status}) before opening a device")));
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    vm: "host".into(),
+                    what: format!("{} opening a packet socket", self.cmdline),
+                    after: timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Waits until the process has a TCP socket listening on `port` (read from
     /// `/proc/<pid>/net/tcp{,6}`, which shows the process's namespace, so nothing connects to it
     /// and the one accept of a pingpong/perftest server is not used up).
@@ -331,6 +360,40 @@ impl Drop for HostJob {
             let _ = child.wait();
         }
     }
+}
+
+/// Whether process `pid` holds an AF_PACKET socket or a UDP socket bound to port 4791.
+fn roce_socket_open(pid: u32) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    let inodes: std::collections::HashSet<String> = fds
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_str()?;
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    if inodes.is_empty() {
+        return false;
+    }
+    let table = |name: &str| std::fs::read_to_string(format!("/proc/{pid}/net/{name}"));
+    // packet: "sk RefCnt Type Proto Iface R Rmem User Inode".
+    let packet = table("packet").unwrap_or_default();
+    if packet.lines().skip(1).any(|l| {
+        l.split_whitespace()
+            .nth(8)
+            .is_some_and(|i| inodes.contains(i))
+    }) {
+        return true;
+    }
+    // udp: "sl local_address rem_address st ... uid timeout inode"; 4791 = 0x12B7.
+    ["udp", "udp6"].iter().any(|t| {
+        table(t).unwrap_or_default().lines().skip(1).any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 9 && f[1].ends_with(":12B7") && inodes.contains(f[9])
+        })
+    })
 }
 
 /// What the oracles said about one capture.
@@ -431,33 +494,19 @@ pub fn check_capture(ferroce: &Path, pcap: &Path) -> Result<CaptureCheck> {
         check.frames = count_frames(pcap);
         return Ok(check);
     }
-    let out = Command::new("tshark")
-        .args(["-n", "-r"])
-        .arg(pcap)
-        .args(["-T", "fields", "-e", "infiniband.bth.opcode"])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| Error::io("running tshark", e))?;
-    if !out.status.success() {
-        check.tshark_note = Some(format!(
-            "tshark failed: {}",
-            tail(&String::from_utf8_lossy(&out.stderr), 3)
-        ));
-        check.frames = count_frames(pcap);
-        return Ok(check);
-    }
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        check.frames += 1;
-        // One value per frame; "0x0a" or "10" depending on the tshark version.
-        let v = line.split(',').next().unwrap_or("").trim();
-        let op = if let Some(hex) = v.strip_prefix("0x") {
-            u8::from_str_radix(hex, 16).ok()
-        } else {
-            v.parse::<u8>().ok()
-        };
-        match op {
-            Some(op) => *check.tshark_opcodes.entry(op).or_default() += 1,
-            None => check.tshark_not_ib += 1,
+    match crate::tshark::bth_opcodes(pcap) {
+        Ok(ops) => {
+            check.frames = ops.len();
+            for op in ops {
+                match op {
+                    Some(op) => *check.tshark_opcodes.entry(op).or_default() += 1,
+                    None => check.tshark_not_ib += 1,
+                }
+            }
+        }
+        Err(e) => {
+            check.tshark_note = Some(format!("tshark failed: {e}"));
+            check.frames = count_frames(pcap);
         }
     }
     Ok(check)

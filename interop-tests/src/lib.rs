@@ -9,6 +9,7 @@
 //! - [`vm`]: [`vm::RxeVm`] and [`vm::RxeLab`], VMs with rxe on a bridge in a private namespace.
 //! - [`capture`]: tcpdump on the lab's interfaces.
 //! - [`host`]: the `ferroce` binary, host processes in the lab namespace, capture oracles.
+//! - [`tshark`]: one tshark process for every capture a test checks.
 //! - [`matrix`]: the generated results matrix (`RESULTS.md`).
 //! - [`mitm`]: a perftest exchange relay that corrupts RKeys (error interop).
 //! - [`speed`]: the speed comparison (`ferroce-interop speed`).
@@ -20,6 +21,7 @@ pub mod image;
 pub mod matrix;
 pub mod mitm;
 pub mod speed;
+pub mod tshark;
 pub mod vm;
 
 pub use capture::{Capture, CaptureStats};

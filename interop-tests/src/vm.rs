@@ -894,6 +894,26 @@ impl RxeVm {
         }
     }
 
+    /// Waits until an rdma_cm ID of the VM listens on `port` (TCP or UDP port space), from
+    /// `rdma res show cm_id`: a stock rdma_cm server opens no socket to wait for.
+    pub fn wait_cm_listening(&self, port: u16, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let cmd = format!("rdma res show cm_id | grep 'state LISTEN' | grep -qE ':{port}( |$)'");
+        loop {
+            if self.run_timeout(&cmd, timeout)?.success() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    vm: self.name.clone(),
+                    what: format!("waiting for an rdma_cm listener on port {port}"),
+                    after: timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Reads a file of the VM (through the control channel: fine for kilobytes; use
     /// [`RxeVm::share_dir`] for bulk).
     pub fn read_file(&self, path: &str) -> Result<Vec<u8>> {

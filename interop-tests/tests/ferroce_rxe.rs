@@ -31,6 +31,12 @@ const PORT: u16 = 18515;
 const CAPTURE_IFACE: &str = "veth-b";
 /// The port the rkey proxy listens on.
 const PROXY_PORT: u16 = 18516;
+/// How long after opening its device a ferroce rdma_cm server is taken to listen.
+const CM_LISTEN_MARGIN: Duration = Duration::from_millis(200);
+/// A run's capture stops once no frame came for this long (the last ACKs have crossed)...
+const SETTLE_QUIET: Duration = Duration::from_millis(100);
+/// ... or after this long.
+const SETTLE_MAX: Duration = Duration::from_millis(500);
 
 // ---------------------------------------------------------------------------------------------
 // Set-up
@@ -301,8 +307,8 @@ fn run_case(env: &mut Env, case: &Case) -> Outcome {
             }
         };
         if case.rdma_cm {
-            // Its CM agent answers on QP1 within moments of starting (AF_PACKET on the host).
-            std::thread::sleep(Duration::from_millis(1500));
+            // No TCP port: its CM agent listens on QP1 moments after it opens its device.
+            ferroce_cm_ready(&mut job);
         } else if let Err(e) = job.wait_listening(PORT, Duration::from_secs(30)) {
             out.harness_error = Some(format!("ferroce server: {e}"));
             out.host = job.wait_timeout(Duration::ZERO);
@@ -438,8 +444,7 @@ fn run_case(env: &mut Env, case: &Case) -> Outcome {
             }
         };
     }
-    // The last ACKs cross the veth before tcpdump stops.
-    std::thread::sleep(Duration::from_millis(300));
+    cap.settle(SETTLE_QUIET, SETTLE_MAX);
     match cap.stop() {
         Ok(stats) if stats.dropped > 0 => {
             out.harness_error = Some(format!("tcpdump dropped {} packets", stats.dropped))
@@ -2243,6 +2248,27 @@ enum HostSide {
 /// A stock librdmacm tool's server and client command lines: the server bound to `bind`
 /// (IPv6: its address; IPv4: the wildcard), the client towards `target`; `me` is the
 /// side's own IPv4 address (mckey routes its group from it).
+impl CmTool {
+    /// The port the server listens on (the tools' defaults), none for mckey.
+    fn port(self) -> Option<u16> {
+        match self {
+            CmTool::Examples | CmTool::Ucmatose => Some(7471),
+            CmTool::Rping | CmTool::RpingOwnQp | CmTool::Udaddy => Some(7174),
+            CmTool::Mckey => None,
+        }
+    }
+}
+
+/// Returns once a ferroce rdma_cm server (ferroce's tool, or a stock one over the drop-in)
+/// has opened its device, plus [`CM_LISTEN_MARGIN`] for its agent to listen; a stock client
+/// takes longer than that to start under TCG. Two seconds when that cannot be seen (AF_XDP).
+fn ferroce_cm_ready(job: &mut HostJob) {
+    match job.wait_roce_socket(Duration::from_secs(10)) {
+        Ok(()) => std::thread::sleep(CM_LISTEN_MARGIN),
+        Err(_) => std::thread::sleep(Duration::from_secs(2)),
+    }
+}
+
 fn stock_cm_commands(
     tool: CmTool,
     bind: Option<&str>,
@@ -2440,8 +2466,8 @@ fn rdma_cm_try(
     ];
     let mut problems = Vec::new();
     let cap = env.lab.capture(CAPTURE_IFACE, &pcap, "udp port 4791");
-    // rdma_cm listens on no TCP port to wait for: each server is up (QP1 ready) well within
-    // the two seconds its client is started after.
+    // rdma_cm listens on no TCP port to wait for: the client starts once the server's
+    // rdma_cm ID listens (rdma's cm_id table in the VM; ferroce's device open on the host).
     // The host's command: ferroce's tool, or the stock one over the drop-in.
     let host_cmd = |mut native: Vec<String>, stock: &str| -> std::io::Result<Command> {
         match host {
@@ -2466,8 +2492,8 @@ fn rdma_cm_try(
         match host_cmd(f_server, &dropin_server)
             .and_then(|c| HostJob::spawn(c, &env.dir, &tag).map_err(std::io::Error::other))
         {
-            Ok(job) => {
-                std::thread::sleep(Duration::from_secs(2));
+            Ok(mut job) => {
+                ferroce_cm_ready(&mut job);
                 let stock = vm.run_timeout(&vm_client, Duration::from_secs(60));
                 if let Err(e) = &stock {
                     stalled |= matches!(e, vm::Error::Stalled { .. });
@@ -2483,7 +2509,12 @@ fn rdma_cm_try(
     } else {
         match vm.spawn(&vm_server) {
             Ok(stock) => {
-                std::thread::sleep(Duration::from_secs(2));
+                // A multicast receiver listens on no port: its joins get the time they took
+                // before (TCG).
+                match tool.port() {
+                    Some(port) if vm.wait_cm_listening(port, Duration::from_secs(30)).is_ok() => {}
+                    _ => std::thread::sleep(Duration::from_secs(2)),
+                }
                 let host = host_cmd(f_client, &dropin_client)
                     .and_then(|c| HostJob::spawn(c, &env.dir, &tag).map_err(std::io::Error::other))
                     .map(|j| j.wait_timeout(Duration::from_secs(60)));
@@ -2503,8 +2534,8 @@ fn rdma_cm_try(
             }
         }
     };
-    std::thread::sleep(Duration::from_millis(300));
     if let Ok(cap) = cap {
+        cap.settle(SETTLE_QUIET, SETTLE_MAX);
         if let Err(e) = cap.stop() {
             problems.push(format!("capture: {e}"));
         }
