@@ -283,6 +283,16 @@ impl<'pd> QueuePair<'pd> {
         self.modify(&attr, mask)
     }
 
+    /// INIT → INIT with new remote access flags (rdma_cm's step before RTR).
+    pub fn set_access(&self, access: AccessFlags) -> Result<()> {
+        let attr = QpAttr {
+            qp_state: QpState::Init,
+            qp_access_flags: access,
+            ..QpAttr::default()
+        };
+        self.modify(&attr, QpAttrMask::STATE.union(QpAttrMask::ACCESS_FLAGS))
+    }
+
     /// INIT → RTR → RTS towards `remote`, as ibv_rc_pingpong's
     /// `pp_connect_ctx` does (UD: RTR and RTS with only the PSN).
     pub fn connect(

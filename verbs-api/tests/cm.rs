@@ -109,6 +109,89 @@ fn connect_send_and_disconnect() {
     });
 }
 
+/// rdma_cm's remote access (the kernel's cm_init_qp_init_attr): a connection whose requester
+/// announced initiator depth 0 grants it RDMA WRITE but no READ (the READ draws a NAK and
+/// fails with REM_INV_REQ_ERR, as against rxe); with depth 1, READ and atomics too.
+#[test]
+fn a_connection_grants_read_only_to_a_peer_that_said_it_would_read() {
+    let (cs, cc) = pair();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let pd = cs.alloc_pd();
+            let mut cm = CmAgent::new(&cs, &pd, 0).unwrap();
+            let cq = cs.create_cq(8).unwrap();
+            let mr = pd
+                .reg_mr(
+                    64,
+                    AccessFlags(AccessFlags::LOCAL_WRITE.0 | AccessFlags::REMOTE_READ.0),
+                )
+                .unwrap();
+            mr.write(0, b"readable").unwrap();
+            for depth in [0u8, 1] {
+                let req = cm.get_request(7471, T).unwrap();
+                let qp = pd.create_qp().qp_type(QpType::Rc).build(&cq, &cq).unwrap();
+                // Everything at INIT: the CM narrows it to what the REQ asked for.
+                qp.to_init(&ConnectOptions::default()).unwrap();
+                let mut private = mr.addr().to_be_bytes().to_vec();
+                private.extend_from_slice(&mr.rkey().to_be_bytes());
+                let param = ConnParam {
+                    private_data: private,
+                    ..ConnParam::default()
+                };
+                let conn = cm.accept(&req, &qp, &param).unwrap();
+                let want = if depth == 0 {
+                    AccessFlags::REMOTE_WRITE
+                } else {
+                    AccessFlags(
+                        AccessFlags::REMOTE_WRITE.0
+                            | AccessFlags::REMOTE_READ.0
+                            | AccessFlags::REMOTE_ATOMIC.0,
+                    )
+                };
+                assert_eq!(qp.query().unwrap().qp_access_flags, want, "depth {depth}");
+                assert!(cm.wait_disconnect(&conn, &qp, T).unwrap());
+            }
+        });
+        let pd = cc.alloc_pd();
+        let mut cm = CmAgent::new(&cc, &pd, 0).unwrap();
+        let cq = cc.create_cq(8).unwrap();
+        let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let dst: SocketAddr = "198.18.0.1:7471".parse().unwrap();
+        for depth in [0u8, 1] {
+            let qp = pd.create_qp().qp_type(QpType::Rc).build(&cq, &cq).unwrap();
+            qp.to_init(&ConnectOptions::default()).unwrap();
+            let param = ConnParam {
+                initiator_depth: depth,
+                ..ConnParam::default()
+            };
+            let conn = cm.connect(&qp, dst, &param).unwrap();
+            let addr = u64::from_be_bytes(conn.private_data[..8].try_into().unwrap());
+            let rkey = u32::from_be_bytes(conn.private_data[8..12].try_into().unwrap());
+            let sge = [mr.sge(0, 8)];
+            let mut wr = SendWr::new(
+                depth.into(),
+                SendOp::RdmaRead {
+                    remote_addr: addr,
+                    rkey,
+                },
+                &sge,
+            );
+            wr.flags.signaled = true;
+            qp.post_send(&[wr]).unwrap();
+            let wc = cq.poll_n(1, T).unwrap();
+            if depth == 0 {
+                assert_eq!(wc[0].status, WcStatus::RemInvReqErr, "{wc:?}");
+            } else {
+                assert_eq!(wc[0].status, WcStatus::Success, "{wc:?}");
+                let mut got = [0u8; 8];
+                mr.read(0, &mut got).unwrap();
+                assert_eq!(&got, b"readable");
+            }
+            cm.disconnect(&conn, &qp).unwrap();
+        }
+    });
+}
+
 #[test]
 fn a_port_no_one_listens_on_is_rejected() {
     let (cs, cc) = pair();

@@ -793,6 +793,7 @@ impl<'a> CmAgent<'a> {
             rnr_retry: rep.rnr_retry_count,
             max_rd_atomic: param.initiator_depth.min(rep.responder_resources).max(1),
             max_dest_rd_atomic: param.responder_resources.max(1),
+            access: super::connected_access(rep.initiator_depth),
             ..self.options(peer_gid, mtu, param.traffic_class)
         };
         let remote = RemoteQp {
@@ -816,7 +817,9 @@ impl<'a> CmAgent<'a> {
         else {
             return Err(Error::Cm(format!("no connection {id:#x} is being set up")));
         };
-        if let Err(e) = qp.connect(self.ctx, &remote, &opts) {
+        let moved = super::grant_connected_access(qp, rep.initiator_depth)
+            .and_then(|()| qp.connect(self.ctx, &remote, &opts));
+        if let Err(e) = moved {
             // No resources for the connection the REP offered (IBTA table 109: 3).
             let msg = rej(id, rep.local_comm_id, answers::REP, 3);
             self.send(peer_gid, tid, &msg, tclass)?;
@@ -874,6 +877,7 @@ impl<'a> CmAgent<'a> {
             rnr_retry: r.rnr_retry_count,
             max_rd_atomic: initiator.max(1),
             max_dest_rd_atomic: responder.max(1),
+            access: super::connected_access(r.initiator_depth),
             ..self.options(peer_gid, mtu, r.primary.traffic_class)
         };
         let remote = RemoteQp {
@@ -900,6 +904,7 @@ impl<'a> CmAgent<'a> {
             qp.to_init(&self.options(peer_gid, 1024, r.primary.traffic_class))?;
         }
         let (opts, remote) = self.accept_terms(request, param);
+        super::grant_connected_access(qp, r.initiator_depth)?;
         qp.connect(self.ctx, &remote, &opts)?;
         self.send_rep(request, qp.qpn(), qp.has_srq(), param)
     }

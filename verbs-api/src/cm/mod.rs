@@ -25,7 +25,7 @@
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use ferroce_stack::transport::{QpAttr, QpAttrMask, QpState, QpType};
+use ferroce_stack::transport::{AccessFlags, QpAttr, QpAttrMask, QpState, QpType};
 use ferroce_stack::wire::mad::{self, CmMessage, Rep, Req, SidrReq};
 
 use crate::context::Context;
@@ -385,6 +385,29 @@ pub fn init_ud_qp(ctx: &Context, qp: &QueuePair<'_>, opts: &ConnectOptions) -> R
 /// source address of the destination's family: `preferred` when it is of
 /// the peer's kind (IPv4-mapped, IPv6 link-local, other IPv6), else the
 /// first GID of that kind, else `preferred`.
+/// The remote access of an RC QP rdma_cm connects, as the kernel's CM grants it (cm.c,
+/// cm_init_qp_init_attr): RDMA WRITE always, READ and atomics only when the peer said it
+/// would issue them (its initiator depth, in its REQ or REP, is not 0). A program that
+/// READs over a connection it opened with initiator depth 0 fails here as on rxe or an RNIC.
+pub fn connected_access(peer_initiator_depth: u8) -> AccessFlags {
+    if peer_initiator_depth == 0 {
+        AccessFlags::REMOTE_WRITE
+    } else {
+        AccessFlags(
+            AccessFlags::REMOTE_WRITE.0 | AccessFlags::REMOTE_READ.0 | AccessFlags::REMOTE_ATOMIC.0,
+        )
+    }
+}
+
+/// [`QueuePair::set_access`] with [`connected_access`] for a QP still at INIT (one its program
+/// has moved further keeps what it was given).
+pub(crate) fn grant_connected_access(qp: &QueuePair<'_>, peer_initiator_depth: u8) -> Result<()> {
+    if qp.state()? == QpState::Init {
+        qp.set_access(connected_access(peer_initiator_depth))?;
+    }
+    Ok(())
+}
+
 pub fn source_gid_index(ctx: &Context, preferred: usize, peer: Ipv6Addr) -> usize {
     let kind = |g: &Ipv6Addr| {
         if g.to_ipv4_mapped().is_some() {

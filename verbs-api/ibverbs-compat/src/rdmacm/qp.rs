@@ -9,7 +9,7 @@ use ferroce_verbs::ConnectOptions;
 
 use super::device::{ah_attr_of, CmDevice};
 use super::id::{get, me_ps};
-use super::{fail, CmId, Pending};
+use super::{fail, CmId, Dial, DialKind, Pending};
 use crate::ffi;
 use crate::handles::{errno_of, fctx, fqp};
 
@@ -86,7 +86,11 @@ fn init_qp(me: &CmId, dev: &CmDevice, qp: *mut ffi::ibv_qp) -> Result<(), c_int>
             )
         }
         ferroce_verbs::QpType::Ud => Ok(()),
-        _ => fq.qp.to_init(&ConnectOptions::default()),
+        // No remote access until a connection grants it (cma.c, cma_ib_init_qp_attr).
+        _ => fq.qp.to_init(&ConnectOptions {
+            access: ferroce_verbs::AccessFlags::NONE,
+            ..ConnectOptions::default()
+        }),
     };
     r.map_err(|e| errno_of(&e))
 }
@@ -346,7 +350,23 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
                 attr.qkey = cm::RDMA_UDP_QKEY;
                 m |= ffi::IBV_QP_QKEY;
             } else {
-                attr.qp_access_flags = ConnectOptions::default().access.0;
+                // The kernel's: nothing before a connection is on the way (cma.c,
+                // cma_ib_init_qp_attr), then what the peer's initiator depth allows.
+                let depth = match (&st.request, &st.reply, &st.dial) {
+                    (Some(Pending::Rc(req)), _, _) => Some(req.offer.initiator_depth),
+                    (_, Some(rep), _) => Some(rep.initiator_depth),
+                    // REQ sent, no REP yet: the kernel's CM holds our own responder resources.
+                    (
+                        _,
+                        _,
+                        Some(Dial {
+                            kind: DialKind::Rc { param, .. },
+                            ..
+                        }),
+                    ) => Some(param.responder_resources),
+                    _ => None,
+                };
+                attr.qp_access_flags = depth.map_or(0, |d| cm::connected_access(d).0);
                 m |= ffi::IBV_QP_ACCESS_FLAGS;
             }
         }

@@ -704,21 +704,27 @@ fn run_inner(a: &Args) -> Result<bool, String> {
         channel.set_peer(c.peer_gid.to_canonical().to_string());
         let role = if client { Role::Client } else { Role::Server };
         let conn = PerftestConn::over_channel(Box::new(channel), role, gid_index as u32, &xcfg);
-        // The test QPs: READ/atomic depth as -o says.
-        let test = ConnParam {
-            traffic_class: opts.traffic_class,
-            ..perftest_cm_param(if matches!(a.test(), Test::Read | Test::Atomic) {
-                out_reads
-            } else {
-                0
-            })
+        // The test QPs: READ/atomic depth as -o says; perftest asks for none in the other
+        // tests, so its peer's QP grants no READ (rdma_cm's rule). Between two ferroce
+        // benches a WRITE client asks for one: its data check reads the written span back.
+        let test_param = |n: &Negotiated| {
+            let reads = match a.test() {
+                Test::Read | Test::Atomic => out_reads,
+                Test::Write if n.remote_version.contains("ferroce") => 1,
+                _ => 0,
+            };
+            ConnParam {
+                traffic_class: opts.traffic_class,
+                ..perftest_cm_param(reads)
+            }
         };
         let mut conns = Vec::new();
         // perftest: a UD client that will be answered (latency, -b) tells
         // the server its QPN in a SEND WITH IMMEDIATE once SIDR named the
         // server's QP; SIDR carries no QPN of the requester.
         let announce = a.lat || a.bidirectional;
-        let cm_connect = |_: &Negotiated| -> Result<(), String> {
+        let cm_connect = |n: &Negotiated| -> Result<(), String> {
+            let test = test_param(n);
             for (i, e) in ends.iter().enumerate() {
                 if ud {
                     let at = i as u64 * per_qp;
