@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 const MARKER_ETHERTYPE: u16 = 0x88b5;
 /// How long one capture may take to come back through the pipe.
 const PIPE_TIMEOUT: Duration = Duration::from_secs(60);
+/// tshark keeps every frame it has read (about 10 KiB each): a new one after this many.
+const PIPE_FRAMES: usize = 50_000;
 /// The fields printed per frame: EtherType (to spot the marker), BTH opcode.
 const FIELDS: [&str; 4] = ["-e", "eth.type", "-e", "infiniband.bth.opcode"];
 
@@ -31,7 +33,10 @@ pub fn bth_opcodes(pcap: &Path) -> Result<Opcodes, String> {
     if let Some((header, records)) = split_pcap(&bytes) {
         static PIPE: Mutex<Option<Pipe>> = Mutex::new(None);
         let mut slot = PIPE.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.as_ref().is_none_or(|p| p.header != header) {
+        if slot
+            .as_ref()
+            .is_none_or(|p| p.header != header || p.frames > PIPE_FRAMES)
+        {
             *slot = Pipe::start(header).ok();
         }
         if let Some(pipe) = slot.as_mut() {
@@ -123,6 +128,8 @@ struct Pipe {
     child: Child,
     stdin: ChildStdin,
     lines: Receiver<String>,
+    /// Frames read so far.
+    frames: usize,
 }
 
 impl Pipe {
@@ -157,6 +164,7 @@ impl Pipe {
             child,
             stdin,
             lines,
+            frames: 0,
         })
     }
 
@@ -176,7 +184,10 @@ impl Pipe {
                 Err(RecvTimeoutError::Disconnected) => return Err("tshark exited".into()),
             };
             match parse_line(&line) {
-                (Some(t), _) if t == u32::from(MARKER_ETHERTYPE) => return Ok(ops),
+                (Some(t), _) if t == u32::from(MARKER_ETHERTYPE) => {
+                    self.frames += ops.len() + 1;
+                    return Ok(ops);
+                }
                 (_, op) => ops.push(op),
             }
         }
