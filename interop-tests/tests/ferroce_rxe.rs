@@ -308,7 +308,7 @@ fn run_case(env: &mut Env, case: &Case) -> Outcome {
         };
         if case.rdma_cm {
             // No TCP port: its CM agent listens on QP1 moments after it opens its device.
-            ferroce_cm_ready(&mut job);
+            ferroce_cm_ready(&mut job, &env.backend);
         } else if let Err(e) = job.wait_listening(PORT, Duration::from_secs(30)) {
             out.harness_error = Some(format!("ferroce server: {e}"));
             out.host = job.wait_timeout(Duration::ZERO);
@@ -2261,12 +2261,16 @@ impl CmTool {
 
 /// Returns once a ferroce rdma_cm server (ferroce's tool, or a stock one over the drop-in)
 /// has opened its device, plus [`CM_LISTEN_MARGIN`] for its agent to listen; a stock client
-/// takes longer than that to start under TCG. Two seconds when that cannot be seen (AF_XDP).
-fn ferroce_cm_ready(job: &mut HostJob) {
-    match job.wait_roce_socket(Duration::from_secs(10)) {
-        Ok(()) => std::thread::sleep(CM_LISTEN_MARGIN),
-        Err(_) => std::thread::sleep(Duration::from_secs(2)),
-    }
+/// takes longer than that to start under TCG. Two seconds when that cannot be seen (an
+/// AF_XDP socket is in no /proc table).
+fn ferroce_cm_ready(job: &mut HostJob, backend: &str) {
+    let seen = matches!(backend, "afpacket" | "udp")
+        && job.wait_roce_socket(Duration::from_secs(10)).is_ok();
+    std::thread::sleep(if seen {
+        CM_LISTEN_MARGIN
+    } else {
+        Duration::from_secs(2)
+    });
 }
 
 fn stock_cm_commands(
@@ -2493,7 +2497,7 @@ fn rdma_cm_try(
             .and_then(|c| HostJob::spawn(c, &env.dir, &tag).map_err(std::io::Error::other))
         {
             Ok(mut job) => {
-                ferroce_cm_ready(&mut job);
+                ferroce_cm_ready(&mut job, &env.backend);
                 let stock = vm.run_timeout(&vm_client, Duration::from_secs(60));
                 if let Err(e) = &stock {
                     stalled |= matches!(e, vm::Error::Stalled { .. });
