@@ -877,36 +877,34 @@ impl RxeVm {
     /// Waits until a TCP socket listens on `port` in the VM (e.g. 18515, the side channel of
     /// ibv_*_pingpong and perftest), so a client started next does not find the port closed.
     pub fn wait_listening(&self, port: u16, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        let cmd = format!("netstat -ltn | grep -q ':{port} '");
-        loop {
-            if self.run_timeout(&cmd, timeout)?.success() {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::Timeout {
-                    vm: self.name.clone(),
-                    what: format!("waiting for TCP port {port} to listen"),
-                    after: timeout,
-                });
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.wait_until(
+            &format!("netstat -ltn | grep -q ':{port} '"),
+            &format!("waiting for TCP port {port} to listen"),
+            timeout,
+        )
     }
 
     /// Waits until an rdma_cm ID of the VM listens on `port` (TCP or UDP port space), from
     /// `rdma res show cm_id`: a stock rdma_cm server opens no socket to wait for.
     pub fn wait_cm_listening(&self, port: u16, timeout: Duration) -> Result<()> {
+        self.wait_until(
+            &format!("rdma res show cm_id | grep 'state LISTEN' | grep -qE ':{port}( |$)'"),
+            &format!("waiting for an rdma_cm listener on port {port}"),
+            timeout,
+        )
+    }
+
+    /// Runs `check` in the VM until it succeeds, for up to `timeout`.
+    fn wait_until(&self, check: &str, what: &str, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
-        let cmd = format!("rdma res show cm_id | grep 'state LISTEN' | grep -qE ':{port}( |$)'");
         loop {
-            if self.run_timeout(&cmd, timeout)?.success() {
+            if self.run_timeout(check, timeout)?.success() {
                 return Ok(());
             }
             if Instant::now() >= deadline {
                 return Err(Error::Timeout {
                     vm: self.name.clone(),
-                    what: format!("waiting for an rdma_cm listener on port {port}"),
+                    what: what.to_owned(),
                     after: timeout,
                 });
             }
