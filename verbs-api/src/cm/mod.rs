@@ -381,10 +381,6 @@ pub fn init_ud_qp(ctx: &Context, qp: &QueuePair<'_>, opts: &ConnectOptions) -> R
     qp.connect(ctx, &me, &opts)
 }
 
-/// The GID to reach `peer` from, as rdma_resolve_addr's route gives a
-/// source address of the destination's family: `preferred` when it is of
-/// the peer's kind (IPv4-mapped, IPv6 link-local, other IPv6), else the
-/// first GID of that kind, else `preferred`.
 /// The remote access of an RC QP rdma_cm connects, as the kernel's CM grants it (cm.c,
 /// cm_init_qp_init_attr): RDMA WRITE always, READ and atomics only when the peer said it
 /// would issue them (its initiator depth, in its REQ or REP, is not 0). A program that
@@ -408,6 +404,10 @@ pub(crate) fn grant_connected_access(qp: &QueuePair<'_>, peer_initiator_depth: u
     Ok(())
 }
 
+/// The GID to reach `peer` from, as rdma_resolve_addr's route gives a
+/// source address of the destination's family: `preferred` when it is of
+/// the peer's kind (IPv4-mapped, IPv6 link-local, other IPv6), else the
+/// first GID of that kind, else `preferred`.
 pub fn source_gid_index(ctx: &Context, preferred: usize, peer: Ipv6Addr) -> usize {
     let kind = |g: &Ipv6Addr| {
         if g.to_ipv4_mapped().is_some() {
