@@ -257,20 +257,16 @@ impl<'a> CmAgent<'a> {
         });
         self.qp.post_send(&[wr])?;
         // The send buffer is reused by the next send: wait for this one.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let mut wcs = Vec::new();
-        loop {
-            wcs.clear();
-            self.send_cq.poll(1, &mut wcs)?;
-            match wcs.first().map(|wc| wc.status) {
-                Some(WcStatus::Success) => return Ok(()),
-                Some(status) => return Err(Error::Cm(format!("MAD send failed: {status:?}"))),
-                None => {}
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::Timeout(Duration::from_secs(5), "a MAD send"));
-            }
-            self.send_cq.wait(Duration::from_millis(10)).ok();
+        let wc = self
+            .send_cq
+            .poll_n(1, Duration::from_secs(5))
+            .map_err(|e| match e {
+                Error::Timeout(after, _) => Error::Timeout(after, "a MAD send"),
+                e => e,
+            })?;
+        match wc.first().map(|wc| wc.status) {
+            Some(WcStatus::Success) => Ok(()),
+            status => Err(Error::Cm(format!("MAD send failed: {status:?}"))),
         }
     }
 
@@ -817,7 +813,7 @@ impl<'a> CmAgent<'a> {
         else {
             return Err(Error::Cm(format!("no connection {id:#x} is being set up")));
         };
-        let moved = super::grant_connected_access(qp, rep.initiator_depth)
+        let moved = super::grant_access(qp, opts.access)
             .and_then(|()| qp.connect(self.ctx, &remote, &opts));
         if let Err(e) = moved {
             // No resources for the connection the REP offered (IBTA table 109: 3).
@@ -904,7 +900,7 @@ impl<'a> CmAgent<'a> {
             qp.to_init(&self.options(peer_gid, 1024, r.primary.traffic_class))?;
         }
         let (opts, remote) = self.accept_terms(request, param);
-        super::grant_connected_access(qp, r.initiator_depth)?;
+        super::grant_access(qp, opts.access)?;
         qp.connect(self.ctx, &remote, &opts)?;
         self.send_rep(request, qp.qpn(), qp.has_srq(), param)
     }

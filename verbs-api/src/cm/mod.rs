@@ -395,11 +395,11 @@ pub fn connected_access(peer_initiator_depth: u8) -> AccessFlags {
     }
 }
 
-/// [`QueuePair::set_access`] with [`connected_access`] for a QP still at INIT (one its program
-/// has moved further keeps what it was given).
-pub(crate) fn grant_connected_access(qp: &QueuePair<'_>, peer_initiator_depth: u8) -> Result<()> {
+/// [`QueuePair::set_access`] for a QP still at INIT (one its program has moved further keeps
+/// what it was given): the access of the connection's terms ([`connected_access`]).
+pub(crate) fn grant_access(qp: &QueuePair<'_>, access: AccessFlags) -> Result<()> {
     if qp.state()? == QpState::Init {
-        qp.set_access(connected_access(peer_initiator_depth))?;
+        qp.set_access(access)?;
     }
     Ok(())
 }
