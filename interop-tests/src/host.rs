@@ -242,64 +242,55 @@ impl HostJob {
     /// `/proc/<pid>/net/{packet,udp,udp6}`). A ferroce tool opens its device there, moments
     /// before its rdma_cm agent listens: a server with no TCP port to wait for is up then.
     pub fn wait_roce_socket(&mut self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let Some(pid) = self.pid() else {
-                return Err(self.died("not started"));
-            };
-            if roce_socket_open(pid) {
-                return Ok(());
-            }
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    return Err(self.died(&format!("exited ({status}) before opening a device")));
-                }
-            }
-            if Instant::now() > deadline {
-                return Err(Error::Timeout {
-                    vm: "host".into(),
-                    what: format!("{} opening a packet socket", self.cmdline),
-                    after: timeout,
-                });
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.wait_until("opening a packet socket", timeout, roce_socket_open)
     }
 
     /// Waits until the process has a TCP socket listening on `port` (read from
     /// `/proc/<pid>/net/tcp{,6}`, which shows the process's namespace, so nothing connects to it
     /// and the one accept of a pingpong/perftest server is not used up).
     pub fn wait_listening(&mut self, port: u16, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
         let want = format!(":{port:04X}");
+        self.wait_until(&format!("listening on {port}"), timeout, |pid| {
+            ["tcp", "tcp6"].iter().any(|table| {
+                let text =
+                    std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+                text.lines().skip(1).any(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    f.len() > 3 && f[1].ends_with(&want) && f[3] == "0A"
+                })
+            })
+        })
+    }
+
+    /// Polls `ready(pid)` until it holds, the process ends, or `timeout` passes (`goal` says
+    /// what is awaited, for the errors).
+    fn wait_until(
+        &mut self,
+        goal: &str,
+        timeout: Duration,
+        ready: impl Fn(u32) -> bool,
+    ) -> Result<()> {
+        let deadline = Instant::now() + timeout;
         loop {
             let Some(pid) = self.pid() else {
                 return Err(self.died("not started"));
             };
-            for table in ["tcp", "tcp6"] {
-                let text =
-                    std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
-                let listening = text.lines().skip(1).any(|l| {
-                    let f: Vec<&str> = l.split_whitespace().collect();
-                    f.len() > 3 && f[1].ends_with(&want) && f[3] == "0A"
-                });
-                if listening {
-                    return Ok(());
-                }
+            if ready(pid) {
+                return Ok(());
             }
             if let Some(child) = self.child.as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
-                    return Err(self.died(&format!("exited ({status}) before listening")));
+                    return Err(self.died(&format!("exited ({status}) before {goal}")));
                 }
             }
             if Instant::now() > deadline {
                 return Err(Error::Timeout {
                     vm: "host".into(),
-                    what: format!("{} listening on {port}", self.cmdline),
+                    what: format!("{} {goal}", self.cmdline),
                     after: timeout,
                 });
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 
