@@ -16,6 +16,8 @@ use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::frame::ROCE_V2_PORT;
+use crate::gso::{self, Run, VIRTIO_NET_HDR_GSO_UDP_L4, VNET_HDR_LEN};
+use crate::ipv4_id::IdRecovery;
 use crate::mcast::Memberships;
 use crate::raw_share::RawShare;
 use crate::{offload, sys};
@@ -37,10 +39,6 @@ const TP_STATUS_COPY: u32 = 1 << 1;
 /// The largest frame the socket can hand over whole: a 64 KiB GSO
 /// super-frame with its headers and virtio-net header.
 const MAX_WHOLE_FRAME: usize = (64 << 10) + 256;
-// struct virtio_net_hdr (linux/virtio_net.h), little-endian fields: flags,
-// gso_type, hdr_len, gso_size, csum_start, csum_offset.
-const VNET_HDR_LEN: usize = 10;
-const VIRTIO_NET_HDR_GSO_UDP_L4: u8 = 5;
 const TPACKET_V2: libc::c_int = 1;
 const TPACKET_V3: libc::c_int = 2;
 const TP_STATUS_KERNEL: u32 = 0;
@@ -56,6 +54,8 @@ const TP_STATUS_WRONG_FORMAT: u32 = 4;
 /// frames to its next call, and the step between kicks meanwhile.
 const FLUSH_WAIT: Duration = Duration::from_millis(20);
 const FLUSH_STEP: Duration = Duration::from_millis(1);
+/// TX slot size with GSO: a 64 KiB super-frame, its headers and the slot's.
+const GSO_TX_FRAME: usize = 64 << 10;
 // linux/if_ether.h
 const ETH_P_ALL: u16 = 0x0003;
 // asm-generic/socket.h
@@ -141,6 +141,15 @@ pub struct AfPacketConfig {
     /// Off by default here (the filter would drop test frames that carry no
     /// BTH); the verbs layer turns it on.
     pub share_qpns: bool,
+    /// Send runs of same-size frames of one flow as one UDP GSO frame
+    /// ([`crate::gso`]) where the kernel takes them from a packet socket
+    /// (Linux 6.2 and later; older kernels get every frame on its own).
+    pub gso: bool,
+    /// Every frame `transmit` is given is a RoCE v2 packet with a right ICRC
+    /// (the transport core's are): a frame joining a GSO run then gets its
+    /// IPv4 ID and ICRC updated without the ICRC being checked first, one CRC
+    /// pass less per frame. Off by default, so other payloads pass unchanged.
+    pub tx_icrc_valid: bool,
 }
 
 impl AfPacketConfig {
@@ -165,6 +174,8 @@ impl AfPacketConfig {
             qdisc_bypass: false,
             sink_socket: true,
             share_qpns: false,
+            gso: true,
+            tx_icrc_valid: false,
         }
     }
 }
@@ -247,8 +258,21 @@ impl Mmap {
         if off.checked_add(len)? > self.len {
             return None;
         }
-        // SAFETY: in bounds; the TX slot is ours while its status is AVAILABLE.
+        // SAFETY: in bounds; a TX slot is ours while its status is
+        // AVAILABLE, an RX block or slot while it is TP_STATUS_USER.
         Some(unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off), len) })
+    }
+
+    /// Copies `len` bytes from `src` to `dst` (ranges in bounds, may overlap).
+    fn copy_within(&mut self, src: usize, dst: usize, len: usize) -> bool {
+        let fits = |at: usize| at.checked_add(len).is_some_and(|end| end <= self.len);
+        if !fits(src) || !fits(dst) {
+            return false;
+        }
+        // SAFETY: both ranges are in bounds (checked above); ptr::copy allows
+        // overlap; both slots are ours (AVAILABLE, or filled but not yet marked).
+        unsafe { std::ptr::copy(self.ptr.add(src), self.ptr.add(dst), len) };
+        true
     }
 }
 
@@ -355,6 +379,10 @@ pub struct AfPacketIo {
     rx_off: usize,
     tx_head: usize,
     tx_frame_size: usize,
+    // Each TX slot starts with a virtio-net header; runs of frames go as
+    // UDP GSO super-frames (crate::gso).
+    tx_gso: bool,
+    ids: IdRecovery,
     // Frames marked for sending that the kernel has not taken yet.
     tx_unsent: bool,
     mtu: usize,
@@ -365,7 +393,6 @@ pub struct AfPacketIo {
     // The RX ring carries a virtio-net header before each frame (GSO size).
     vnet: bool,
     scratch: Vec<u8>,
-    segment: Vec<u8>,
     // Frames too big for a V2 slot, read whole from the socket.
     whole: Vec<u8>,
     stats: Stats,
@@ -425,31 +452,33 @@ struct Pending {
     gso_size: usize,
 }
 
-/// Hands one received frame to `sink`: with its VLAN tag put back in, its
-/// checksum finished, cut into wire frames if it is a GSO super-frame.
-/// Returns the frames and bytes delivered ((0, 0): dropped).
+/// Hands one received frame to `sink`: with its VLAN tag put back in (a
+/// copy), its partial checksum cleared, cut into wire frames if it is a GSO
+/// super-frame (in place: `f` is ring memory or a buffer of ours that is
+/// handed back after this). Returns the frames and bytes delivered ((0, 0):
+/// dropped).
 fn deliver(
-    f: &[u8],
+    f: &mut [u8],
     vlan: Option<(u16, u16)>,
     pending: Pending,
     scratch: &mut Vec<u8>,
-    segment: &mut Vec<u8>,
     sink: &mut RxSink<'_>,
 ) -> (usize, usize) {
     if vlan.is_none() && !pending.csum && pending.gso_size == 0 {
         sink(f);
         return (1, f.len());
     }
-    scratch.clear();
-    match vlan {
+    let frame: &mut [u8] = match vlan {
         Some((tpid, tci)) if f.len() >= 12 => {
+            scratch.clear();
             scratch.extend_from_slice(&f[..12]);
             scratch.extend_from_slice(&tpid.to_be_bytes());
             scratch.extend_from_slice(&tci.to_be_bytes());
             scratch.extend_from_slice(&f[12..]);
+            scratch
         }
-        _ => scratch.extend_from_slice(f),
-    }
+        _ => f,
+    };
     if pending.gso_size > 0 {
         let mut bytes = 0;
         let mut each = |seg: &[u8]| {
@@ -457,15 +486,39 @@ fn deliver(
             sink(seg);
         };
         // None: not UDP over IP or cut short by the ring (counted as a drop).
-        let frames = offload::segment_udp(scratch, pending.gso_size, segment, &mut each);
+        let frames = offload::segment_udp(frame, pending.gso_size, pending.csum, &mut each);
         return (frames.unwrap_or(0), bytes);
     }
     if pending.csum {
-        // What the NIC would have put there (a local UDP socket's frame over veth).
-        offload::complete(scratch);
+        // A local UDP socket's frame over veth: the device was to finish it.
+        offload::clear_partial(frame);
     }
-    sink(scratch);
-    (1, scratch.len())
+    sink(frame);
+    (1, frame.len())
+}
+
+/// Whether the kernel would take a `len`-byte frame (it refuses longer
+/// ones, and without PACKET_LOSS would stall the ring on them).
+fn sendable(frame: &[u8], len: usize, max_len: usize, mtu: usize) -> bool {
+    len <= max_len && crate::frame::fits_mtu(frame, len, mtu)
+}
+
+/// Gives a frame joining a GSO run the IPv4 ID the kernel will give its
+/// segment, with the ICRC to match (see `AfPacketConfig::tx_icrc_valid`);
+/// false if it cannot have it (not RoCE, or its ICRC was wrong already).
+fn give_id(ids: &mut IdRecovery, icrc_valid: bool, frame: &mut [u8], id: Option<u16>) -> bool {
+    let Some(id) = id else { return true };
+    let Some(l3) = frame.get_mut(crate::frame::ETH_HLEN..) else {
+        return false;
+    };
+    if crate::ipv4_id::id_of(l3) == Some(id) {
+        return true;
+    }
+    if icrc_valid {
+        ids.set_id_of_valid(l3, id)
+    } else {
+        ids.set_id(l3, id)
+    }
 }
 
 /// A dual-stack UDP socket on `port` whose filter drops every datagram.
@@ -651,10 +704,33 @@ impl AfPacketIo {
                 "PACKET_QDISC_BYPASS",
             )?;
         }
-        let tx_frame_size = 16384usize;
-        let tx_block = 65536usize;
+        // UDP GSO through a packet socket: the virtio-net header kind
+        // VIRTIO_NET_HDR_GSO_UDP_L4 is taken since Linux 6.2 (older kernels
+        // refuse each such frame, which PACKET_LOSS would drop unseen).
+        let gso = cfg.gso
+            && sys::kernel_version().is_some_and(|v| v >= (6, 2))
+            && match sys::setsockopt(
+                tx,
+                SOL_PACKET,
+                PACKET_VNET_HDR,
+                &one,
+                "PACKET_VNET_HDR (TX)",
+            ) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::debug!("{e}: no GSO on transmit");
+                    false
+                }
+            };
+        // A GSO slot holds a super-frame of up to 64 KiB with its headers
+        // (half as many slots, so the ring's memory stays 8 MiB by default).
+        let (tx_frame_size, tx_block, tx_frames) = if gso {
+            (GSO_TX_FRAME, GSO_TX_FRAME, cfg.tx_frames.div_ceil(2))
+        } else {
+            (16384usize, 65536usize, cfg.tx_frames)
+        };
         let per_block = tx_block / tx_frame_size;
-        let tx_blocks = cfg.tx_frames.div_ceil(per_block);
+        let tx_blocks = tx_frames.div_ceil(per_block);
         let treq = libc::tpacket_req {
             tp_block_size: tx_block as u32,
             tp_block_nr: tx_blocks as u32,
@@ -682,7 +758,8 @@ impl AfPacketIo {
         bind_packet(tx, ifindex, 0)?;
 
         // Ethernet header + one VLAN tag on top of the IP MTU.
-        let max_frame_len = (mtu + 18).min(tx_frame_size - T2_DATA);
+        let vnet_len = if gso { VNET_HDR_LEN } else { 0 };
+        let max_frame_len = (mtu + 18).min(tx_frame_size - T2_DATA - vnet_len);
         Ok(AfPacketIo {
             mcast: Memberships::new(ifindex, None, None),
             rx_fd,
@@ -696,6 +773,8 @@ impl AfPacketIo {
             rx_off: 0,
             tx_head: 0,
             tx_frame_size,
+            tx_gso: gso,
+            ids: IdRecovery::default(),
             tx_unsent: false,
             mtu,
             _sink: if cfg.sink_socket {
@@ -706,7 +785,6 @@ impl AfPacketIo {
             share,
             vnet,
             scratch: vec![0u8; frame_size + 4],
-            segment: Vec::with_capacity(frame_size + 4),
             whole: Vec::new(),
             stats: Stats::default(),
             kernel_drops: Cell::new(0),
@@ -771,7 +849,7 @@ impl AfPacketIo {
         let Some(got) = usize::try_from(got).ok().filter(|&g| g > VNET_HDR_LEN) else {
             return (0, 0);
         };
-        let (v, f) = self.whole[..got].split_at(VNET_HDR_LEN);
+        let (v, f) = self.whole[..got].split_at_mut(VNET_HDR_LEN);
         let pending = Pending {
             csum: status & TP_STATUS_CSUMNOTREADY != 0,
             gso_size: if v[1] & 0x7F == VIRTIO_NET_HDR_GSO_UDP_L4 {
@@ -780,7 +858,7 @@ impl AfPacketIo {
                 0
             },
         };
-        deliver(f, vlan, pending, &mut self.scratch, &mut self.segment, sink)
+        deliver(f, vlan, pending, &mut self.scratch, sink)
     }
 
     /// TPACKET_V2 receive: one frame per slot, slots in ring order.
@@ -813,10 +891,9 @@ impl AfPacketIo {
                 self.count_rx(frames, len);
                 n += frames.max(1);
             } else {
-                match self.rx_ring.slice(hdr + mac_off, snaplen) {
+                match self.rx_ring.slice_mut(hdr + mac_off, snaplen) {
                     Some(f) if mac_off + snaplen <= V2_RX_FRAME => {
-                        let (frames, len) =
-                            deliver(f, vlan, pending, &mut self.scratch, &mut self.segment, sink);
+                        let (frames, len) = deliver(f, vlan, pending, &mut self.scratch, sink);
                         self.count_rx(frames, len);
                         n += frames.max(1);
                     }
@@ -827,6 +904,251 @@ impl AfPacketIo {
                 a.store(TP_STATUS_KERNEL, Ordering::Release);
             }
             self.rx_block = (self.rx_block + 1) % slots;
+        }
+        n
+    }
+
+    /// Each frame in a slot of its own.
+    fn transmit_plain(&mut self, max: usize, fill: &mut TxFill<'_>) -> usize {
+        let slots = self.tx_slots();
+        let mut n = 0;
+        let mut kicked = false;
+        let mut marked = false;
+        while n < max {
+            let off = self.tx_head * self.tx_frame_size;
+            let status = self.tx_ring.read_u32(off + T2_STATUS);
+            if status != TP_STATUS_AVAILABLE && status != TP_STATUS_WRONG_FORMAT {
+                // The kernel still owns this slot: push what is queued, then
+                // look once more before calling the ring full.
+                if !kicked {
+                    self.kick();
+                    kicked = true;
+                    continue;
+                }
+                self.stats.tx_ring_full += 1;
+                break;
+            }
+            if status == TP_STATUS_WRONG_FORMAT {
+                // The kernel refused the frame last time round.
+                self.stats.tx_dropped += 1;
+            }
+            let max_len = self.max_frame_len;
+            let Some(buf) = self.tx_ring.slice_mut(off + T2_DATA, max_len) else {
+                break;
+            };
+            let Some(len) = fill(buf) else {
+                break;
+            };
+            n += 1;
+            if len > max_len || !crate::frame::fits_mtu(buf, len, self.mtu) {
+                // The kernel would refuse it (and, without PACKET_LOSS, stall
+                // the ring on it): drop it here.
+                self.stats.tx_dropped += 1;
+                continue;
+            }
+            if let (Some(l), Some(s)) = (
+                self.tx_ring.atomic_u32(off + T2_LEN),
+                self.tx_ring.atomic_u32(off + T2_STATUS),
+            ) {
+                l.store(len as u32, Ordering::Relaxed);
+                s.store(TP_STATUS_SEND_REQUEST, Ordering::Release);
+            }
+            self.stats.tx_frames += 1;
+            self.stats.tx_bytes += len as u64;
+            marked = true;
+            self.tx_head = (self.tx_head + 1) % slots;
+            kicked = false;
+        }
+        if marked {
+            self.flush(FLUSH_WAIT);
+        } else if self.tx_unsent {
+            // Left from an earlier call: one more kick, no wait (the engine
+            // comes back within its idle sleep).
+            self.flush(Duration::ZERO);
+        }
+        n
+    }
+
+    /// Whether TX slot `i` is ours to fill.
+    fn tx_slot_free(&self, i: usize) -> bool {
+        let status = self.tx_ring.read_u32(i * self.tx_frame_size + T2_STATUS);
+        status == TP_STATUS_AVAILABLE || status == TP_STATUS_WRONG_FORMAT
+    }
+
+    /// Takes free slot `i`, counting a frame the kernel refused there last time round.
+    fn claim(&mut self, i: usize) {
+        if self.tx_ring.read_u32(i * self.tx_frame_size + T2_STATUS) == TP_STATUS_WRONG_FORMAT {
+            self.stats.tx_dropped += 1;
+        }
+    }
+
+    /// Hands slot `tx_head` (`len` bytes behind the slot header, virtio-net
+    /// header included; `frames` wire frames, `bytes` on the wire) to the kernel.
+    fn mark_head(&mut self, len: usize, frames: usize, bytes: usize) {
+        let off = self.tx_head * self.tx_frame_size;
+        if let (Some(l), Some(s)) = (
+            self.tx_ring.atomic_u32(off + T2_LEN),
+            self.tx_ring.atomic_u32(off + T2_STATUS),
+        ) {
+            l.store(len as u32, Ordering::Relaxed);
+            s.store(TP_STATUS_SEND_REQUEST, Ordering::Release);
+        }
+        self.stats.tx_frames += frames as u64;
+        self.stats.tx_bytes += bytes as u64;
+        self.tx_head = (self.tx_head + 1) % self.tx_slots();
+    }
+
+    /// Sends the `len`-byte frame in slot `tx_head` as it is.
+    fn mark_plain(&mut self, len: usize) {
+        let off = self.tx_head * self.tx_frame_size + T2_DATA;
+        if let Some(v) = self.tx_ring.slice_mut(off, VNET_HDR_LEN) {
+            v.copy_from_slice(&gso::PLAIN);
+        }
+        self.mark_head(VNET_HDR_LEN + len, 1, len);
+    }
+
+    /// Sends the run built in slot `tx_head`.
+    fn mark_run(&mut self, run: &Run) {
+        let off = self.tx_head * self.tx_frame_size + T2_DATA;
+        let len = VNET_HDR_LEN + run.frame_len();
+        if let Some(slot) = self.tx_ring.slice_mut(off, len) {
+            let (vnet, frame) = slot.split_at_mut(VNET_HDR_LEN);
+            run.finish(vnet, frame);
+        }
+        let wire = run.frame_len() + (run.segments() - 1) * run.header_len();
+        self.mark_head(len, run.segments(), wire);
+    }
+
+    /// Frames with a virtio-net header each; runs of one flow joined into
+    /// UDP GSO super-frames (crate::gso). A frame is written where it would
+    /// join the run in slot `tx_head`: its headers over the run's last bytes
+    /// (saved first, put back after), its UDP payload right behind. One that
+    /// does not join is moved to the next slot (a copy) and starts a run there.
+    fn transmit_gso(&mut self, max: usize, fill: &mut TxFill<'_>) -> usize {
+        const DATA: usize = T2_DATA + VNET_HDR_LEN;
+        let slots = self.tx_slots();
+        let cap = self.tx_frame_size - DATA;
+        let max_len = self.max_frame_len;
+        let (mut n, mut kicked, mut marked) = (0, false, false);
+        let mut run: Option<Run> = None;
+        while n < max {
+            // A frame goes to the run's slot, or to the next one if it does not join.
+            let need = match run {
+                Some(_) => (self.tx_head + 1) % slots,
+                None => self.tx_head,
+            };
+            if !self.tx_slot_free(need) {
+                if !kicked {
+                    self.kick();
+                    kicked = true;
+                    continue;
+                }
+                self.stats.tx_ring_full += 1;
+                break;
+            }
+            let Some(mut r) = run.take() else {
+                let off = self.tx_head * self.tx_frame_size + DATA;
+                self.claim(self.tx_head);
+                let Some(buf) = self.tx_ring.slice_mut(off, max_len) else {
+                    break;
+                };
+                let Some(len) = fill(buf) else {
+                    break;
+                };
+                n += 1;
+                kicked = false;
+                if !sendable(buf, len, max_len, self.mtu) {
+                    self.stats.tx_dropped += 1;
+                    continue;
+                }
+                match Run::start(&buf[..len]) {
+                    Some(r) => run = Some(r),
+                    None => {
+                        self.mark_plain(len);
+                        marked = true;
+                    }
+                }
+                continue;
+            };
+            let hl = r.header_len();
+            let used = r.frame_len() - hl;
+            if cap - used < max_len {
+                // A frame might not fit behind the run: send it.
+                self.mark_run(&r);
+                marked = true;
+                continue;
+            }
+            let at = self.tx_head * self.tx_frame_size + DATA + used;
+            let mut saved = [0u8; 64];
+            match self.tx_ring.slice(at, hl) {
+                Some(tail) if hl <= saved.len() => saved[..hl].copy_from_slice(tail),
+                _ => {
+                    self.mark_run(&r);
+                    marked = true;
+                    continue;
+                }
+            }
+            let Some(buf) = self.tx_ring.slice_mut(at, max_len) else {
+                run = Some(r);
+                break;
+            };
+            let Some(len) = fill(buf) else {
+                buf[..hl].copy_from_slice(&saved[..hl]);
+                run = Some(r);
+                break;
+            };
+            n += 1;
+            kicked = false;
+            let ok = sendable(buf, len, max_len, self.mtu);
+            let joins = ok
+                && r.admits(&buf[..len], cap)
+                && give_id(
+                    &mut self.ids,
+                    self.cfg.tx_icrc_valid,
+                    &mut buf[..len],
+                    r.next_id(),
+                );
+            if joins {
+                buf[..hl].copy_from_slice(&saved[..hl]);
+                r.push(len - hl);
+                if r.is_closed() {
+                    self.mark_run(&r);
+                    marked = true;
+                } else {
+                    run = Some(r);
+                }
+                continue;
+            }
+            // Does not join: move it to the next slot and send the run.
+            let next = (self.tx_head + 1) % slots;
+            self.claim(next);
+            let moved = ok
+                && self
+                    .tx_ring
+                    .copy_within(at, next * self.tx_frame_size + DATA, len);
+            if let Some(b) = self.tx_ring.slice_mut(at, hl) {
+                b.copy_from_slice(&saved[..hl]);
+            }
+            self.mark_run(&r);
+            marked = true;
+            if !moved {
+                self.stats.tx_dropped += 1;
+                continue;
+            }
+            let off = self.tx_head * self.tx_frame_size + DATA;
+            match self.tx_ring.slice(off, len).and_then(Run::start) {
+                Some(r) => run = Some(r),
+                None => self.mark_plain(len),
+            }
+        }
+        if let Some(r) = run {
+            self.mark_run(&r);
+            marked = true;
+        }
+        if marked {
+            self.flush(FLUSH_WAIT);
+        } else if self.tx_unsent {
+            self.flush(Duration::ZERO);
         }
         n
     }
@@ -923,9 +1245,8 @@ impl PacketIo for AfPacketIo {
                     (tpid, self.rx_ring.read_u32(hdr + T3_VLAN_TCI) as u16)
                 });
                 let pending = self.pending(hdr, mac_off, pstatus);
-                if let Some(f) = self.rx_ring.slice(hdr + mac_off, snaplen) {
-                    let (frames, len) =
-                        deliver(f, vlan, pending, &mut self.scratch, &mut self.segment, sink);
+                if let Some(f) = self.rx_ring.slice_mut(hdr + mac_off, snaplen) {
+                    let (frames, len) = deliver(f, vlan, pending, &mut self.scratch, sink);
                     self.count_rx(frames, len);
                     n += frames.max(1);
                 } else {
@@ -952,62 +1273,11 @@ impl PacketIo for AfPacketIo {
     }
 
     fn transmit(&mut self, max: usize, fill: &mut TxFill<'_>) -> Result<usize, NicError> {
-        let slots = self.tx_slots();
-        let mut n = 0;
-        let mut kicked = false;
-        let mut marked = false;
-        while n < max {
-            let off = self.tx_head * self.tx_frame_size;
-            let status = self.tx_ring.read_u32(off + T2_STATUS);
-            if status != TP_STATUS_AVAILABLE && status != TP_STATUS_WRONG_FORMAT {
-                // The kernel still owns this slot: push what is queued, then
-                // look once more before calling the ring full.
-                if !kicked {
-                    self.kick();
-                    kicked = true;
-                    continue;
-                }
-                self.stats.tx_ring_full += 1;
-                break;
-            }
-            if status == TP_STATUS_WRONG_FORMAT {
-                // The kernel refused the frame last time round.
-                self.stats.tx_dropped += 1;
-            }
-            let max_len = self.max_frame_len;
-            let Some(buf) = self.tx_ring.slice_mut(off + T2_DATA, max_len) else {
-                break;
-            };
-            let Some(len) = fill(buf) else {
-                break;
-            };
-            n += 1;
-            if len > max_len || !crate::frame::fits_mtu(buf, len, self.mtu) {
-                // The kernel would refuse it (and, without PACKET_LOSS, stall
-                // the ring on it): drop it here.
-                self.stats.tx_dropped += 1;
-                continue;
-            }
-            if let (Some(l), Some(s)) = (
-                self.tx_ring.atomic_u32(off + T2_LEN),
-                self.tx_ring.atomic_u32(off + T2_STATUS),
-            ) {
-                l.store(len as u32, Ordering::Relaxed);
-                s.store(TP_STATUS_SEND_REQUEST, Ordering::Release);
-            }
-            self.stats.tx_frames += 1;
-            self.stats.tx_bytes += len as u64;
-            marked = true;
-            self.tx_head = (self.tx_head + 1) % slots;
-            kicked = false;
-        }
-        if marked {
-            self.flush(FLUSH_WAIT);
-        } else if self.tx_unsent {
-            // Left from an earlier call: one more kick, no wait (the engine
-            // comes back within its idle sleep).
-            self.flush(Duration::ZERO);
-        }
+        let n = if self.tx_gso {
+            self.transmit_gso(max, fill)
+        } else {
+            self.transmit_plain(max, fill)
+        };
         Ok(n)
     }
 

@@ -20,6 +20,7 @@ use std::time::Duration;
 pub mod afpacket;
 pub mod afxdp;
 pub mod frame;
+pub mod gso;
 pub mod ifaces;
 pub mod ipv4_id;
 pub mod local_peers;

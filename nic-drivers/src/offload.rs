@@ -6,13 +6,14 @@
 //! - with CHECKSUM_PARTIAL: the checksum field holds only the folded
 //!   pseudo-header sum, so a stack that checks UDP checksums, like ours or a
 //!   peer's, would drop every such frame. AF_PACKET flags those frames
-//!   (TP_STATUS_CSUMNOTREADY) and [`complete`] finishes them; AF_XDP says
+//!   (TP_STATUS_CSUMNOTREADY) and [`clear_partial`] sets the field to 0
+//!   ("none": the ICRC checks the frame end to end); AF_XDP says
 //!   nothing, so [`partial_finish`] recognises the form itself and, in the
 //!   same pass over the datagram, works out the finished checksum.
 //! - with UDP GSO (UDP_SEGMENT): one frame carries many datagrams back to back,
 //!   never cut into wire frames. AF_PACKET reports the segment size in the
-//!   virtio-net header (PACKET_VNET_HDR) and [`segment_udp`] cuts it as the
-//!   kernel's software GSO would. (veth with an XDP program attached turns its
+//!   virtio-net header (PACKET_VNET_HDR) and [`segment_udp`] cuts it, in
+//!   place, as the kernel's software GSO would. (veth with an XDP program attached turns its
 //!   peer's GSO off, so AF_XDP receives wire frames.)
 
 /// Where a frame's UDP datagram lies and its pseudo-header sum (RFC 768).
@@ -169,57 +170,91 @@ fn finished(pseudo_addrs: u64, datagram: &[u8]) -> u16 {
     ))
 }
 
+/// Longest Ethernet (one VLAN tag) + IP (options included) + UDP headers.
+const MAX_HDR: usize = 18 + 60 + 8;
+
 /// Cuts a UDP GSO super-frame (`gso_size`-byte datagrams back to back behind
 /// one set of headers) into the frames the kernel's software GSO would have
-/// sent: each with its IP length, UDP length, a consecutive IPv4 ID (the
-/// kernel numbers GSO segments that way, and the RoCE ICRC covers the ID), the
-/// IPv4 header checksum and, unless the super-frame had none (0 over IPv4), a
-/// finished UDP checksum. `emit` gets each frame, built in `out`. Returns how
-/// many, or None (nothing emitted) when the frame is not UDP over IP.
+/// sent, in place: each segment's headers are written over the last bytes of
+/// the segment before it, which `emit` has had by then. Each frame gets its IP
+/// length, UDP length, a consecutive IPv4 ID (the kernel numbers GSO segments
+/// that way, and the RoCE ICRC covers the ID) and the IPv4 header checksum.
+/// The UDP checksum: with `partial` (the kernel left it to the device:
+/// TP_STATUS_CSUMNOTREADY) it is set to 0, "none" (the frame never crossed a
+/// wire; the ICRC still covers every byte end to end, and a NIC's finished
+/// checksum would be checked by nobody but us); otherwise, unless the
+/// super-frame had none (0 over IPv4), it is finished over the segment.
+/// Returns how many frames `emit` got, or None (nothing emitted) when the
+/// frame is not UDP over IP.
 pub fn segment_udp(
-    f: &[u8],
+    f: &mut [u8],
     gso_size: usize,
-    out: &mut Vec<u8>,
+    partial: bool,
     emit: &mut dyn FnMut(&[u8]),
 ) -> Option<usize> {
     let u = locate(f)?;
-    let hdr = f.get(..u.at + 8)?;
-    let payload = f.get(u.at + 8..u.at + u.len)?;
-    if gso_size == 0 {
+    let hl = u.at + 8;
+    if gso_size == 0 || hl > MAX_HDR {
         return None;
     }
+    let mut hdr = [0u8; MAX_HDR];
+    hdr[..hl].copy_from_slice(f.get(..hl)?);
     let checksummed = u.v6 || be16(f, u.at + 6)? != 0;
     let addrs = u.pseudo - 17 - u.len as u64;
     let ihl = u.at - u.ip_at;
     let first_id = be16(f, u.ip_at + 4)?;
+    let (ip, udp) = (u.ip_at, u.at);
+    let payload_end = u.at + u.len;
     let mut n = 0;
-    for (i, chunk) in payload.chunks(gso_size).enumerate() {
-        out.clear();
-        out.extend_from_slice(hdr);
-        out.extend_from_slice(chunk);
-        let ulen = (8 + chunk.len()) as u16;
-        let ip = u.ip_at;
+    let mut start = hl;
+    while start < payload_end {
+        let chunk = gso_size.min(payload_end - start);
+        let at = start - hl;
+        let out = f.get_mut(at..start + chunk)?;
+        if n > 0 {
+            out[..hl].copy_from_slice(&hdr[..hl]);
+        }
+        let ulen = (8 + chunk) as u16;
         if u.v6 {
             out[ip + 4..ip + 6].copy_from_slice(&ulen.to_be_bytes());
         } else {
-            let total = (ihl + 8 + chunk.len()) as u16;
+            let total = (ihl + 8 + chunk) as u16;
             out[ip + 2..ip + 4].copy_from_slice(&total.to_be_bytes());
-            let id = first_id.wrapping_add(i as u16);
+            let id = first_id.wrapping_add(n as u16);
             out[ip + 4..ip + 6].copy_from_slice(&id.to_be_bytes());
             out[ip + 10..ip + 12].copy_from_slice(&[0, 0]);
             let c = crate::frame::ipv4_checksum(&out[ip..ip + ihl]);
             out[ip + 10..ip + 12].copy_from_slice(&c.to_be_bytes());
         }
-        out[u.at + 4..u.at + 6].copy_from_slice(&ulen.to_be_bytes());
-        if checksummed {
-            out[u.at + 6..u.at + 8].copy_from_slice(&[0, 0]);
-            let c = finished(addrs, &out[u.at..]);
-            out[u.at + 6..u.at + 8].copy_from_slice(&c.to_be_bytes());
+        out[udp + 4..udp + 6].copy_from_slice(&ulen.to_be_bytes());
+        if partial || checksummed {
+            out[udp + 6..udp + 8].copy_from_slice(&[0, 0]);
+        }
+        if checksummed && !partial {
+            let c = finished(addrs, &out[udp..]);
+            out[udp + 6..udp + 8].copy_from_slice(&c.to_be_bytes());
         }
         emit(out);
         n += 1;
+        start += chunk;
     }
     Some(n)
+}
+
+/// Sets a partial UDP checksum (the kernel left it to the device:
+/// TP_STATUS_CSUMNOTREADY) to 0, "none", in place: the frame came from a
+/// socket on this host and crossed no wire, and the RoCE ICRC checks it end
+/// to end. Finishing it instead ([`complete`]) is a pass over the datagram
+/// that only our own check would read. False when the frame is not UDP over IP.
+pub fn clear_partial(f: &mut [u8]) -> bool {
+    let Some(u) = locate(f) else { return false };
+    match f.get_mut(u.at + 6..u.at + 8) {
+        Some(field) => {
+            field.fill(0);
+            true
+        }
+        None => false,
+    }
 }
 
 /// True when the frame's UDP checksum verifies (or is 0 over IPv4, "none").
@@ -419,40 +454,67 @@ mod tests {
     fn a_gso_super_frame_is_cut_as_the_kernel_would() {
         for v6 in [false, true] {
             for vlan in [false, true] {
-                for (total, gso) in [
-                    (4112 * 3 + 100, 4112),
-                    (4112 * 2, 4112),
-                    (50, 4112),
-                    (0, 1000),
-                ] {
-                    let mut f = frame(v6, total, vlan);
-                    let ip = if vlan { 18 } else { 14 };
-                    if !v6 {
-                        f[ip + 4..ip + 6].copy_from_slice(&0xFFFEu16.to_be_bytes());
-                    }
-                    make_partial(&mut f);
-                    let payload = f[f.len() - total..].to_vec();
-                    let mut out = Vec::new();
-                    let mut segs: Vec<Vec<u8>> = Vec::new();
-                    let n = segment_udp(&f, gso, &mut out, &mut |s| segs.push(s.to_vec()));
-                    let want: Vec<&[u8]> = payload.chunks(gso).collect();
-                    assert_eq!(n, Some(want.len()), "v6={v6} total={total}");
-                    for (i, (s, chunk)) in segs.iter().zip(&want).enumerate() {
-                        let u = locate(s).expect("a segment parses");
-                        assert_eq!(&s[u.at + 8..], *chunk);
-                        assert_eq!(u.len, 8 + chunk.len());
-                        assert!(udp_checksum_ok(s), "segment {i} UDP checksum");
+                for partial in [false, true] {
+                    for (total, gso) in [
+                        (4112 * 3 + 100, 4112),
+                        (4112 * 2, 4112),
+                        (50, 4112),
+                        (0, 1000),
+                        (7, 1),
+                    ] {
+                        let mut f = frame(v6, total, vlan);
+                        let ip = if vlan { 18 } else { 14 };
                         if !v6 {
-                            assert_eq!(crate::frame::ipv4_checksum(&s[ip..ip + 20]), 0);
-                            let id = u16::from_be_bytes([s[ip + 4], s[ip + 5]]);
-                            assert_eq!(id, 0xFFFEu16.wrapping_add(i as u16));
+                            f[ip + 4..ip + 6].copy_from_slice(&0xFFFEu16.to_be_bytes());
+                        }
+                        if partial {
+                            make_partial(&mut f);
+                        }
+                        let payload = f[f.len() - total..].to_vec();
+                        let mut segs: Vec<Vec<u8>> = Vec::new();
+                        let n = segment_udp(&mut f, gso, partial, &mut |s| segs.push(s.to_vec()));
+                        let want: Vec<&[u8]> = payload.chunks(gso).collect();
+                        let what = format!("v6={v6} vlan={vlan} partial={partial} total={total}");
+                        assert_eq!(n, Some(want.len()), "{what}");
+                        assert_eq!(segs.len(), want.len(), "{what}");
+                        for (i, (s, chunk)) in segs.iter().zip(&want).enumerate() {
+                            let u = locate(s).expect("a segment parses");
+                            assert_eq!(&s[u.at + 8..], *chunk, "{what} segment {i}");
+                            assert_eq!(u.len, 8 + chunk.len());
+                            let field = u16::from_be_bytes([s[u.at + 6], s[u.at + 7]]);
+                            if partial {
+                                assert_eq!(field, 0, "{what}: a partial checksum is cleared");
+                            } else {
+                                assert!(udp_checksum_ok(s), "{what} segment {i} UDP checksum");
+                                if v6 {
+                                    assert_ne!(field, 0, "{what}");
+                                }
+                            }
+                            if !v6 {
+                                assert_eq!(crate::frame::ipv4_checksum(&s[ip..ip + 20]), 0);
+                                let id = u16::from_be_bytes([s[ip + 4], s[ip + 5]]);
+                                assert_eq!(id, 0xFFFEu16.wrapping_add(i as u16));
+                            }
                         }
                     }
                 }
             }
         }
-        let mut out = Vec::new();
-        assert_eq!(segment_udp(&[0u8; 30], 100, &mut out, &mut |_| {}), None);
+        assert_eq!(segment_udp(&mut [0u8; 30], 100, true, &mut |_| {}), None);
+    }
+
+    #[test]
+    fn clearing_a_partial_checksum_leaves_the_rest() {
+        for v6 in [false, true] {
+            let mut f = frame(v6, 300, false);
+            let at = make_partial(&mut f);
+            let before = f.clone();
+            assert!(clear_partial(&mut f));
+            assert_eq!(&f[at + 6..at + 8], &[0, 0]);
+            assert_eq!(&f[..at + 6], &before[..at + 6]);
+            assert_eq!(&f[at + 8..], &before[at + 8..]);
+        }
+        assert!(!clear_partial(&mut [0u8; 20]));
     }
 
     #[test]

@@ -286,3 +286,42 @@ impl TimerFd {
         unsafe { libc::read(self.raw(), (&mut n as *mut u64).cast(), 8) };
     }
 }
+
+/// The running kernel's version as (major, minor), from uname(2).
+pub(crate) fn kernel_version() -> Option<(u32, u32)> {
+    // SAFETY: utsname is plain old data; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: u is a valid, writable utsname.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return None;
+    }
+    let release: Vec<u8> = u
+        .release
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    parse_version(&String::from_utf8_lossy(&release))
+}
+
+/// "6.18.44-fc-v1272" → (6, 18).
+fn parse_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_version;
+
+    #[test]
+    fn kernel_versions_parse() {
+        assert_eq!(parse_version("6.18.44-fc-v1272"), Some((6, 18)));
+        assert_eq!(parse_version("6.1.0-28-amd64"), Some((6, 1)));
+        assert_eq!(parse_version("5.15"), Some((5, 15)));
+        assert_eq!(parse_version("junk"), None);
+        assert!(super::kernel_version().is_some());
+    }
+}

@@ -1,7 +1,8 @@
 //! A UDP-socket backend on one host and a raw backend (AF_PACKET, AF_XDP) on
 //! the other: the kernel hands a local UDP socket's datagrams to veth with the
 //! checksum not yet filled in (CHECKSUM_PARTIAL), and a raw receiver must still
-//! deliver frames whose UDP checksum verifies (or is 0), or the stack drops
+//! deliver frames whose UDP checksum verifies or is 0 ("none", which the stack
+//! takes in both IP families: the ICRC covers the frame), or the stack drops
 //! them as corrupt and the peers never talk.
 
 mod common;
@@ -16,8 +17,9 @@ use ferroce_nic::frame::ROCE_V2_PORT;
 use ferroce_nic::{PacketIo, UdpConfig, UdpIo};
 
 /// RFC 768 checksum over the pseudo-header and the UDP datagram, computed
-/// from scratch; true when the frame's checksum field agrees (or is 0, "none",
-/// which IPv4 allows).
+/// from scratch; true when the frame's checksum field agrees or is 0, "none"
+/// (AF_PACKET clears a partial checksum rather than finish it:
+/// `ferroce_nic::offload::clear_partial`).
 fn udp_checksum_ok(f: &[u8]) -> bool {
     let (ip_at, v6) = match f.get(12..14) {
         Some([0x08, 0x00]) => (14, false),
@@ -39,7 +41,7 @@ fn udp_checksum_ok(f: &[u8]) -> bool {
     };
     let ulen = usize::from(u16::from_be_bytes([f[udp_at + 4], f[udp_at + 5]]));
     let field = u16::from_be_bytes([f[udp_at + 6], f[udp_at + 7]]);
-    if field == 0 && !v6 {
+    if field == 0 {
         return true;
     }
     let mut sum = 0u64;

@@ -233,6 +233,8 @@ pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
                 // round trip; V2 hands over each frame at once.
                 rx_ring: ferroce_nic::afpacket::RxRing::V2,
                 share_qpns: true,
+                // Only the transport core fills this backend's frames, and its ICRCs are right.
+                tx_icrc_valid: true,
                 ..AfPacketConfig::new(&cfg.ifname)
             })
             .map(|io| (Box::new(io) as Box<dyn PacketIo>, None))

@@ -1,0 +1,231 @@
+//! UDP GSO super-frames for raw transmit (AF_PACKET with PACKET_VNET_HDR).
+//!
+//! Consecutive frames of one flow (same Ethernet, IP and UDP headers but for
+//! lengths, IPv4 ID and checksums; same destination QP; same UDP payload size,
+//! the last may be shorter) travel as one frame: the first frame's headers,
+//! then every frame's UDP payload back to back, behind a virtio-net header
+//! that asks for UDP GSO (`VIRTIO_NET_HDR_GSO_UDP_L4`, Linux 6.2 and later).
+//! The kernel cuts it into the original frames (in software, or on a NIC with
+//! UDP segmentation offload) after one pass through its transmit path instead
+//! of one per frame; over veth the super-frame reaches the peer uncut and a
+//! raw receiver cuts it ([`crate::offload::segment_udp`]).
+//!
+//! What the kernel writes into each segment (Linux `__udp_gso_segment`,
+//! `inet_gso_segment`): IP total / payload length, UDP length, the UDP
+//! checksum (the header asks the device for it), and for IPv4 the ID of the
+//! super-frame plus the segment's index, with the header checksum. The RoCE
+//! ICRC covers the IPv4 ID, so segment `k` must have been built for ID
+//! `first + k` before it joins ([`crate::ipv4_id`] rewrites its ICRC).
+
+use crate::frame::{self, ETH_HLEN};
+
+/// struct virtio_net_hdr (linux/virtio_net.h): flags, gso_type, hdr_len,
+/// gso_size, csum_start, csum_offset; little-endian.
+pub const VNET_HDR_LEN: usize = 10;
+const VIRTIO_NET_HDR_F_NEEDS_CSUM: u8 = 1;
+pub const VIRTIO_NET_HDR_GSO_UDP_L4: u8 = 5;
+/// The kernel refuses more segments in one UDP GSO frame (`UDP_MAX_SEGMENTS`).
+pub const MAX_SEGMENTS: usize = 64;
+/// IPv4 total length / IPv6 payload length are 16 bits.
+const MAX_IP_LEN: usize = 0xFFFF;
+/// Longest headers a run keeps (Ethernet + IPv6 + UDP).
+const MAX_HDR: usize = ETH_HLEN + 40 + 8;
+/// Offset of the destination QP in the BTH (IBTA 9.2).
+const BTH_DEST_QP: usize = 5;
+
+/// The virtio-net header of a plain frame: no GSO, no checksum to finish.
+pub const PLAIN: [u8; VNET_HDR_LEN] = [0; VNET_HDR_LEN];
+
+/// Frames being joined: the first one's headers and what joined so far.
+#[derive(Debug, Clone)]
+pub struct Run {
+    hdr: [u8; MAX_HDR],
+    /// Ethernet + IP + UDP header length.
+    hl: usize,
+    ip_at: usize,
+    v6: bool,
+    /// UDP payload of a segment (the first frame's).
+    seg: usize,
+    segs: usize,
+    /// UDP payload bytes joined.
+    payload: usize,
+    /// A shorter frame joined: it must be the last.
+    closed: bool,
+    first_id: u16,
+    /// The BTH destination QP of the first frame: a super-frame goes to one
+    /// device's filter at the peer (crate::raw_share), so to one QP.
+    qp: [u8; 3],
+}
+
+fn be16(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
+}
+
+impl Run {
+    /// A run that starts with `f` (a whole frame), if `f` can lead one: an
+    /// untagged IPv4 (no options) or IPv6 (no extension headers) UDP frame
+    /// whose datagram ends the frame and carries at least a BTH's first 8
+    /// bytes.
+    pub fn start(f: &[u8]) -> Option<Run> {
+        let (v6, hl) = match be16(f, 12)? {
+            0x0800 if *f.get(ETH_HLEN)? == 0x45 && *f.get(ETH_HLEN + 9)? == 17 => {
+                // Not a fragment (the filter at the peer refuses them anyway).
+                if be16(f, ETH_HLEN + 6)? & 0x3FFF != 0 {
+                    return None;
+                }
+                (false, ETH_HLEN + 20 + 8)
+            }
+            0x86DD if *f.get(ETH_HLEN + 6)? == 17 => (true, ETH_HLEN + 40 + 8),
+            _ => return None,
+        };
+        let udp_len = usize::from(be16(f, hl - 4)?);
+        if udp_len != f.len() - (hl - 8) || f.len() < hl + BTH_DEST_QP + 3 {
+            return None;
+        }
+        let mut hdr = [0u8; MAX_HDR];
+        hdr[..hl].copy_from_slice(f.get(..hl)?);
+        let first_id = if v6 { 0 } else { be16(f, ETH_HLEN + 4)? };
+        let mut qp = [0u8; 3];
+        qp.copy_from_slice(f.get(hl + BTH_DEST_QP..hl + BTH_DEST_QP + 3)?);
+        Some(Run {
+            qp,
+            hdr,
+            hl,
+            ip_at: ETH_HLEN,
+            v6,
+            seg: f.len() - hl,
+            segs: 1,
+            payload: f.len() - hl,
+            closed: false,
+            first_id,
+        })
+    }
+
+    /// Length of the Ethernet, IP and UDP headers (a joining frame's are
+    /// written over the last bytes of the run, then put back).
+    pub fn header_len(&self) -> usize {
+        self.hl
+    }
+
+    /// Bytes of the super-frame so far (headers and every payload).
+    pub fn frame_len(&self) -> usize {
+        self.hl + self.payload
+    }
+
+    /// Segments joined.
+    pub fn segments(&self) -> usize {
+        self.segs
+    }
+
+    /// Whether nothing more may join (a shorter segment came, or the kernel's
+    /// segment limit is reached).
+    pub fn is_closed(&self) -> bool {
+        self.closed || self.segs >= MAX_SEGMENTS
+    }
+
+    /// The IPv4 ID a joining frame must carry (the kernel numbers segments
+    /// from the first frame's ID); None over IPv6.
+    pub fn next_id(&self) -> Option<u16> {
+        (!self.v6).then(|| self.first_id.wrapping_add(self.segs as u16))
+    }
+
+    /// Whether `f` (a whole frame) may join, once its IPv4 ID is
+    /// [`Run::next_id`]: same headers but for the fields the kernel rewrites,
+    /// same destination QP, a UDP payload no longer than the first one's, and
+    /// a super-frame that stays within `cap` bytes and the IP length limit.
+    pub fn admits(&self, f: &[u8], cap: usize) -> bool {
+        if self.is_closed() || f.len() <= self.hl {
+            return false;
+        }
+        let plen = f.len() - self.hl;
+        if plen > self.seg
+            || self.frame_len() + plen > cap
+            || self.hl - self.ip_at + self.payload + plen > MAX_IP_LEN
+        {
+            return false;
+        }
+        let (ip, udp) = (self.ip_at, self.hl - 8);
+        // Fields the kernel writes per segment, or that follow from the length.
+        let rewritten = |i: usize| {
+            (udp + 4..udp + 8).contains(&i)
+                || if self.v6 {
+                    (ip + 4..ip + 6).contains(&i)
+                } else {
+                    (ip + 2..ip + 6).contains(&i) || (ip + 10..ip + 12).contains(&i)
+                }
+        };
+        let Some(h) = f.get(..self.hl) else {
+            return false;
+        };
+        let same = h
+            .iter()
+            .zip(&self.hdr[..self.hl])
+            .enumerate()
+            .all(|(i, (a, b))| a == b || rewritten(i));
+        let udp_len = be16(f, udp + 4).map(usize::from);
+        let qp = self.hl + BTH_DEST_QP;
+        same && udp_len == Some(plen + 8) && f.get(qp..qp + 3) == Some(&self.qp[..])
+    }
+
+    /// Counts a frame that joined with a `plen`-byte UDP payload.
+    pub fn push(&mut self, plen: usize) {
+        self.payload += plen;
+        self.segs += 1;
+        if plen < self.seg {
+            self.closed = true;
+        }
+    }
+
+    /// Writes the virtio-net header for the run into `vnet` and fixes the
+    /// super-frame's headers (at the start of `f`, its first frame's) to its
+    /// whole length, as a UDP socket's GSO send would have them: lengths, the
+    /// IPv4 header checksum, and the UDP checksum field holding the
+    /// pseudo-header sum (the device finishes it, `NEEDS_CSUM`). A run of one
+    /// frame is sent as it came, with a plain header.
+    pub fn finish(&self, vnet: &mut [u8], f: &mut [u8]) {
+        if vnet.len() < VNET_HDR_LEN || f.len() < self.hl {
+            return;
+        }
+        if self.segs < 2 {
+            vnet[..VNET_HDR_LEN].copy_from_slice(&PLAIN);
+            return;
+        }
+        let (ip, udp) = (self.ip_at, self.hl - 8);
+        let udp_len = 8 + self.payload;
+        let mut pseudo = 17 + udp_len as u32;
+        if self.v6 {
+            f[ip + 4..ip + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+            pseudo += words(&f[ip + 8..ip + 40]);
+        } else {
+            let total = (20 + udp_len) as u16;
+            f[ip + 2..ip + 4].copy_from_slice(&total.to_be_bytes());
+            f[ip + 10..ip + 12].fill(0);
+            let c = frame::ipv4_checksum(&f[ip..ip + 20]);
+            f[ip + 10..ip + 12].copy_from_slice(&c.to_be_bytes());
+            pseudo += words(&f[ip + 12..ip + 20]);
+        }
+        f[udp + 4..udp + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        f[udp + 6..udp + 8].copy_from_slice(&fold(pseudo).to_be_bytes());
+        vnet[0] = VIRTIO_NET_HDR_F_NEEDS_CSUM;
+        vnet[1] = VIRTIO_NET_HDR_GSO_UDP_L4;
+        vnet[2..4].copy_from_slice(&(self.hl as u16).to_le_bytes());
+        vnet[4..6].copy_from_slice(&(self.seg as u16).to_le_bytes());
+        vnet[6..8].copy_from_slice(&(udp as u16).to_le_bytes());
+        // The UDP checksum field's offset in its header (RFC 768).
+        vnet[8..10].copy_from_slice(&6u16.to_le_bytes());
+    }
+}
+
+/// Sum of big-endian 16-bit words (even length).
+fn words(b: &[u8]) -> u32 {
+    b.chunks_exact(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum()
+}
+
+fn fold(mut s: u32) -> u16 {
+    while s > 0xFFFF {
+        s = (s & 0xFFFF) + (s >> 16);
+    }
+    s as u16
+}
