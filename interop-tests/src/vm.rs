@@ -411,6 +411,19 @@ impl LabNet {
             ],
         )?;
         ip_ns(&ns, &["link", "set", "veth-b", "master", BRIDGE, "up"])?;
+        // ferroce's AF_PACKET backend sends runs of frames as UDP GSO super-frames; with the
+        // veth's own UDP segmentation off the kernel cuts them before they cross, so captures
+        // on veth-b hold wire frames (and rxe still gets the cut frames it always would).
+        ip(&[
+            "netns",
+            "exec",
+            &ns,
+            "ethtool",
+            "-K",
+            HOST_IFACE,
+            "tx-udp-segmentation",
+            "off",
+        ])?;
         ip_ns(&ns, &["addr", "add", &h4, "dev", HOST_IFACE])?;
         // nodad: the address (and a ferroce GID on it) is usable at once.
         ip_ns(

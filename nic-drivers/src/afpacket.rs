@@ -1016,6 +1016,7 @@ impl AfPacketIo {
             run.finish(vnet, frame);
         }
         let wire = run.frame_len() + (run.segments() - 1) * run.header_len();
+        self.stats.tx_gso += u64::from(run.segments() > 1);
         self.mark_head(len, run.segments(), wire);
     }
 

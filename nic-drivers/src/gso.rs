@@ -229,3 +229,131 @@ fn fold(mut s: u32) -> u16 {
     }
     s as u16
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{build_udp_frame, HeaderSpec};
+
+    fn frame(v6: bool, qp: u8, plen: usize, port: u16) -> Vec<u8> {
+        let (s, d) = if v6 {
+            ("[fd00::1]:49152", "[fd00::2]:4791")
+        } else {
+            ("198.18.0.1:49152", "198.18.0.2:4791")
+        };
+        let mut dst: std::net::SocketAddr = d.parse().unwrap();
+        dst.set_port(port);
+        let spec = HeaderSpec {
+            dst_mac: [2, 0, 0, 0, 0, 2],
+            src_mac: [2, 0, 0, 0, 0, 1],
+            src: s.parse().unwrap(),
+            dst,
+            tos: 0,
+            ttl: 64,
+        };
+        let mut udp = vec![0u8; plen];
+        udp[7] = qp;
+        build_udp_frame(&spec, &udp).unwrap()
+    }
+
+    #[test]
+    fn frames_of_one_flow_join_and_others_do_not() {
+        for v6 in [false, true] {
+            let first = frame(v6, 1, 4112, 4791);
+            let mut r = Run::start(&first).expect("a run starts");
+            let cap = 65494;
+            assert!(r.admits(&frame(v6, 1, 4112, 4791), cap));
+            assert!(
+                r.admits(&frame(v6, 1, 100, 4791), cap),
+                "a shorter last one"
+            );
+            assert!(!r.admits(&frame(v6, 2, 4112, 4791), cap), "another QP");
+            assert!(!r.admits(&frame(v6, 1, 4113, 4791), cap), "longer");
+            assert!(!r.admits(&frame(v6, 1, 4112, 4792), cap), "another port");
+            let mut other_ttl = frame(v6, 1, 4112, 4791);
+            other_ttl[if v6 { 14 + 7 } else { 14 + 8 }] = 9;
+            assert!(!r.admits(&other_ttl, cap));
+            for _ in 0..13 {
+                r.push(4112);
+            }
+            assert_eq!(r.segments(), 14);
+            assert!(!r.admits(&frame(v6, 1, 4112, 4791), r.frame_len() + 4111));
+            r.push(100);
+            assert!(r.is_closed(), "nothing after a shorter segment");
+            assert!(!r.admits(&frame(v6, 1, 100, 4791), cap));
+        }
+        let mut tagged = frame(false, 1, 100, 4791);
+        tagged.splice(12..12, [0x81, 0x00, 0x00, 0x07]);
+        assert!(Run::start(&tagged).is_none(), "VLAN-tagged frames go alone");
+        let f = frame(false, 1, 100, 4791);
+        assert!(Run::start(&f[..f.len() - 1]).is_none(), "cut short");
+        assert!(Run::start(&[0u8; 10]).is_none());
+    }
+
+    #[test]
+    fn a_finished_run_is_cut_back_into_its_frames() {
+        for v6 in [false, true] {
+            let sizes = [1040usize, 1040, 1040, 500];
+            let frames: Vec<Vec<u8>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| {
+                    let mut f = frame(v6, 1, n, 4791);
+                    let hl = f.len() - n;
+                    for (i, b) in f[hl + 12..].iter_mut().enumerate() {
+                        *b = (i * 3 + k) as u8;
+                    }
+                    if !v6 {
+                        // The ID the kernel gives segment k.
+                        f[14 + 4..14 + 6].copy_from_slice(&(k as u16).to_be_bytes());
+                    }
+                    f
+                })
+                .collect();
+            let mut r = Run::start(&frames[0]).unwrap();
+            let mut sup = frames[0].clone();
+            for f in &frames[1..] {
+                assert!(r.admits(f, 65494));
+                r.push(f.len() - r.header_len());
+                sup.extend_from_slice(&f[r.header_len()..]);
+            }
+            assert_eq!(sup.len(), r.frame_len());
+            let mut vnet = [0u8; VNET_HDR_LEN];
+            r.finish(&mut vnet, &mut sup);
+            assert_eq!(vnet[0], VIRTIO_NET_HDR_F_NEEDS_CSUM);
+            assert_eq!(vnet[1], VIRTIO_NET_HDR_GSO_UDP_L4);
+            let hl = r.header_len();
+            assert_eq!(usize::from(u16::from_le_bytes([vnet[2], vnet[3]])), hl);
+            assert_eq!(u16::from_le_bytes([vnet[4], vnet[5]]), 1040);
+            assert_eq!(usize::from(u16::from_le_bytes([vnet[6], vnet[7]])), hl - 8);
+            assert_eq!(u16::from_le_bytes([vnet[8], vnet[9]]), 6);
+            // What the kernel's software GSO (and a raw receiver) makes of it.
+            let mut segs = Vec::new();
+            let n =
+                crate::offload::segment_udp(&mut sup, 1040, true, &mut |s| segs.push(s.to_vec()));
+            assert_eq!(n, Some(frames.len()));
+            for (k, (s, f)) in segs.iter().zip(&frames).enumerate() {
+                let mut want = f.clone();
+                // The checksum the device was left: "none" at a raw receiver.
+                want[hl - 2..hl].fill(0);
+                if !v6 {
+                    want[14 + 10..14 + 12].fill(0);
+                    let c = frame::ipv4_checksum(&want[14..34]);
+                    want[14 + 10..14 + 12].copy_from_slice(&c.to_be_bytes());
+                }
+                assert_eq!(s, &want, "v6={v6} segment {k}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_run_of_one_goes_plain() {
+        let mut f = frame(false, 1, 300, 4791);
+        let before = f.clone();
+        let r = Run::start(&f).unwrap();
+        let mut vnet = [9u8; VNET_HDR_LEN];
+        r.finish(&mut vnet, &mut f);
+        assert_eq!(vnet, PLAIN);
+        assert_eq!(f, before);
+    }
+}

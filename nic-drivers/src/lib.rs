@@ -148,6 +148,9 @@ pub struct Stats {
     pub tx_ring_full: u64,
     /// System calls (or ring kicks) made, for cost-per-frame reports.
     pub syscalls: u64,
+    /// GSO super-frames handed to the kernel, each carrying two or more of
+    /// the frames counted in `tx_frames` (AF_PACKET, UDP).
+    pub tx_gso: u64,
 }
 
 impl Stats {
@@ -162,6 +165,7 @@ impl Stats {
             tx_dropped: self.tx_dropped.wrapping_sub(earlier.tx_dropped),
             tx_ring_full: self.tx_ring_full.wrapping_sub(earlier.tx_ring_full),
             syscalls: self.syscalls.wrapping_sub(earlier.syscalls),
+            tx_gso: self.tx_gso.wrapping_sub(earlier.tx_gso),
         }
     }
 
@@ -176,6 +180,7 @@ impl Stats {
             tx_dropped: self.tx_dropped.wrapping_add(other.tx_dropped),
             tx_ring_full: self.tx_ring_full.wrapping_add(other.tx_ring_full),
             syscalls: self.syscalls.wrapping_add(other.syscalls),
+            tx_gso: self.tx_gso.wrapping_add(other.tx_gso),
         }
     }
 }

@@ -57,6 +57,7 @@ const SO_RXQ_OVFL: libc::c_int = 40;
 const SO_BUSY_POLL: libc::c_int = 46;
 // linux/udp.h
 const UDP_SEGMENT: libc::c_int = 103;
+const UDP_NO_CHECK6_RX: libc::c_int = 102;
 const UDP_GRO: libc::c_int = 104;
 // UDP_MAX_SEGMENTS in include/linux/udp.h is 64 on older kernels (128 later).
 const GSO_MAX_SEGS: usize = 64;
@@ -475,6 +476,18 @@ impl UdpIo {
                 &ttl,
                 "IPV6_UNICAST_HOPS",
             )?;
+            // RoCE v2 senders (rxe, ferroce's raw backends) put UDP checksum 0 over IPv6 too
+            // (the ICRC covers the packet; RFC 6935 allows 0 for tunnels); Linux drops such
+            // datagrams unless the socket accepts them.
+            if let Err(e) = sys::setsockopt(
+                raw,
+                libc::SOL_UDP,
+                UDP_NO_CHECK6_RX,
+                &one,
+                "UDP_NO_CHECK6_RX",
+            ) {
+                tracing::warn!("{e}: IPv6 datagrams with UDP checksum 0 will be dropped");
+            }
         }
         // Predictable IPv4 IDs on what we send (see crate::ipv4_id). On a v6 socket it covers
         // the v4-mapped traffic (Linux passes SOL_IP options of UDPv6 sockets to IPv4); should
@@ -909,6 +922,7 @@ impl UdpIo {
                         let (segs, bytes) = tx_segments(slot);
                         self.stats.tx_frames += segs as u64;
                         self.stats.tx_bytes += bytes as u64;
+                        self.stats.tx_gso += u64::from(segs > 1);
                     }
                     _ => retry.push(i),
                 }
@@ -952,6 +966,7 @@ impl UdpIo {
                     let segs = tx_segments(slot);
                     self.stats.tx_frames += segs.0 as u64;
                     self.stats.tx_bytes += segs.1 as u64;
+                    self.stats.tx_gso += u64::from(segs.0 > 1);
                 }
                 done += r as usize;
                 continue;

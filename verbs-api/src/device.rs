@@ -235,6 +235,10 @@ pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
                 share_qpns: true,
                 // Only the transport core fills this backend's frames, and its ICRCs are right.
                 tx_icrc_valid: true,
+                // Runs of frames leave as UDP GSO super-frames (Linux >= 6.2);
+                // FERROCE_AFPACKET_GSO=0 sends each frame on its own, e.g. so
+                // a capture on a veth shows wire frames.
+                gso: std::env::var("FERROCE_AFPACKET_GSO").map_or(true, |v| v != "0"),
                 ..AfPacketConfig::new(&cfg.ifname)
             })
             .map(|io| (Box::new(io) as Box<dyn PacketIo>, None))
