@@ -411,9 +411,10 @@ impl LabNet {
             ],
         )?;
         ip_ns(&ns, &["link", "set", "veth-b", "master", BRIDGE, "up"])?;
-        // ferroce's AF_PACKET backend sends runs of frames as UDP GSO super-frames; with the
-        // veth's own UDP segmentation off the kernel cuts them before they cross, so captures
-        // on veth-b hold wire frames (and rxe still gets the cut frames it always would).
+        // Captures on veth-b are to show wire frames, as a NIC would send them: ferroce's
+        // AF_PACKET and UDP backends send runs of frames as UDP GSO super-frames, which the
+        // kernel cuts before they cross only if veth-h cannot (segmentation off), and leaves
+        // the UDP checksums of the cuts to a NIC unless veth-h has no checksum offload (tx off).
         ip(&[
             "netns",
             "exec",
@@ -421,6 +422,8 @@ impl LabNet {
             "ethtool",
             "-K",
             HOST_IFACE,
+            "tx",
+            "off",
             "tx-udp-segmentation",
             "off",
         ])?;

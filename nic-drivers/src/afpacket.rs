@@ -910,55 +910,32 @@ impl AfPacketIo {
 
     /// Each frame in a slot of its own.
     fn transmit_plain(&mut self, max: usize, fill: &mut TxFill<'_>) -> usize {
-        let slots = self.tx_slots();
-        let mut n = 0;
-        let mut kicked = false;
-        let mut marked = false;
-        while n < max {
-            let off = self.tx_head * self.tx_frame_size;
-            let status = self.tx_ring.read_u32(off + T2_STATUS);
-            if status != TP_STATUS_AVAILABLE && status != TP_STATUS_WRONG_FORMAT {
-                // The kernel still owns this slot: push what is queued, then
-                // look once more before calling the ring full.
-                if !kicked {
-                    self.kick();
-                    kicked = true;
-                    continue;
-                }
-                self.stats.tx_ring_full += 1;
-                break;
-            }
-            if status == TP_STATUS_WRONG_FORMAT {
-                // The kernel refused the frame last time round.
-                self.stats.tx_dropped += 1;
-            }
-            let max_len = self.max_frame_len;
-            let Some(buf) = self.tx_ring.slice_mut(off + T2_DATA, max_len) else {
+        let (max_len, mtu) = (self.max_frame_len, self.mtu);
+        let (mut n, mut marked) = (0, false);
+        while n < max && self.slot_free_after_kick(self.tx_head) {
+            self.claim(self.tx_head);
+            let off = self.tx_head * self.tx_frame_size + T2_DATA;
+            let Some(buf) = self.tx_ring.slice_mut(off, max_len) else {
                 break;
             };
             let Some(len) = fill(buf) else {
                 break;
             };
             n += 1;
-            if len > max_len || !crate::frame::fits_mtu(buf, len, self.mtu) {
-                // The kernel would refuse it (and, without PACKET_LOSS, stall
-                // the ring on it): drop it here.
+            if !sendable(buf, len, max_len, mtu) {
                 self.stats.tx_dropped += 1;
                 continue;
             }
-            if let (Some(l), Some(s)) = (
-                self.tx_ring.atomic_u32(off + T2_LEN),
-                self.tx_ring.atomic_u32(off + T2_STATUS),
-            ) {
-                l.store(len as u32, Ordering::Relaxed);
-                s.store(TP_STATUS_SEND_REQUEST, Ordering::Release);
-            }
-            self.stats.tx_frames += 1;
-            self.stats.tx_bytes += len as u64;
+            self.mark_head(len, 1, len);
             marked = true;
-            self.tx_head = (self.tx_head + 1) % slots;
-            kicked = false;
         }
+        self.push_marked(marked);
+        n
+    }
+
+    /// After a `transmit`: has the kernel send what was marked (waiting for
+    /// send-buffer room), or else what an earlier call left.
+    fn push_marked(&mut self, marked: bool) {
         if marked {
             self.flush(FLUSH_WAIT);
         } else if self.tx_unsent {
@@ -966,7 +943,20 @@ impl AfPacketIo {
             // comes back within its idle sleep).
             self.flush(Duration::ZERO);
         }
-        n
+    }
+
+    /// Whether TX slot `i` is free, kicking the kernel once if not (it may
+    /// have sent it meanwhile); counts a full ring.
+    fn slot_free_after_kick(&mut self, i: usize) -> bool {
+        if self.tx_slot_free(i) {
+            return true;
+        }
+        self.kick();
+        if self.tx_slot_free(i) {
+            return true;
+        }
+        self.stats.tx_ring_full += 1;
+        false
     }
 
     /// Whether TX slot `i` is ours to fill.
@@ -1030,7 +1020,7 @@ impl AfPacketIo {
         let slots = self.tx_slots();
         let cap = self.tx_frame_size - DATA;
         let max_len = self.max_frame_len;
-        let (mut n, mut kicked, mut marked) = (0, false, false);
+        let (mut n, mut marked) = (0, false);
         let mut run: Option<Run> = None;
         while n < max {
             // A frame goes to the run's slot, or to the next one if it does not join.
@@ -1038,13 +1028,7 @@ impl AfPacketIo {
                 Some(_) => (self.tx_head + 1) % slots,
                 None => self.tx_head,
             };
-            if !self.tx_slot_free(need) {
-                if !kicked {
-                    self.kick();
-                    kicked = true;
-                    continue;
-                }
-                self.stats.tx_ring_full += 1;
+            if !self.slot_free_after_kick(need) {
                 break;
             }
             let Some(mut r) = run.take() else {
@@ -1057,7 +1041,6 @@ impl AfPacketIo {
                     break;
                 };
                 n += 1;
-                kicked = false;
                 if !sendable(buf, len, max_len, self.mtu) {
                     self.stats.tx_dropped += 1;
                     continue;
@@ -1099,7 +1082,6 @@ impl AfPacketIo {
                 break;
             };
             n += 1;
-            kicked = false;
             let ok = sendable(buf, len, max_len, self.mtu);
             let joins = ok
                 && r.admits(&buf[..len], cap)
@@ -1146,11 +1128,7 @@ impl AfPacketIo {
             self.mark_run(&r);
             marked = true;
         }
-        if marked {
-            self.flush(FLUSH_WAIT);
-        } else if self.tx_unsent {
-            self.flush(Duration::ZERO);
-        }
+        self.push_marked(marked);
         n
     }
 
