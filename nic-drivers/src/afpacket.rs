@@ -708,7 +708,7 @@ impl AfPacketIo {
         // VIRTIO_NET_HDR_GSO_UDP_L4 is taken since Linux 6.2 (older kernels
         // refuse each such frame, which PACKET_LOSS would drop unseen).
         let gso = cfg.gso
-            && sys::kernel_version().is_some_and(|v| v >= (6, 2))
+            && crate::kernel_version().is_some_and(|v| v >= (6, 2))
             && match sys::setsockopt(
                 tx,
                 SOL_PACKET,

@@ -483,6 +483,33 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// The running kernel's version as (major, minor), from uname(2): what a
+/// kernel interface can be expected to take (see [`parse_kernel_release`]).
+pub fn kernel_version() -> Option<(u32, u32)> {
+    // SAFETY: utsname is plain old data; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: u is a valid, writable utsname.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return None;
+    }
+    let release: Vec<u8> = u
+        .release
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    parse_kernel_release(&String::from_utf8_lossy(&release))
+}
+
+/// `(major, minor)` of a kernel release string such as `6.1.0-57-amd64` or
+/// `6.18.44-fc-v1272`.
+pub fn parse_kernel_release(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
 /// Restores the default action of SIGPIPE (Rust ignores it), so that a
 /// command-line tool whose output pipe closes (`ferroce devices | head`) ends
 /// quietly, as C tools do, instead of panicking in `println!`.
@@ -542,6 +569,17 @@ pub fn open(spec: &str) -> Result<Box<dyn PacketIo>, NicError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn kernel_releases_parse() {
+        use super::parse_kernel_release as v;
+        assert_eq!(v("6.1.0-57-amd64"), Some((6, 1)));
+        assert_eq!(v("6.18.44-fc-v1272"), Some((6, 18)));
+        assert_eq!(v("5.15.0-91-generic"), Some((5, 15)));
+        assert!(v("6.18.2") >= Some((6, 6)));
+        assert_eq!(v("garbage"), None);
+        assert!(super::kernel_version().is_some());
+    }
+
     #[test]
     fn open_specs() {
         let io = super::open("udp:127.0.0.1:0").unwrap();

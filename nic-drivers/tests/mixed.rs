@@ -11,8 +11,6 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::*;
-use ferroce_nic::afpacket::{AfPacketConfig, AfPacketIo, RxRing};
-use ferroce_nic::afxdp::{AfXdpConfig, AfXdpIo};
 use ferroce_nic::frame::ROCE_V2_PORT;
 use ferroce_nic::{PacketIo, UdpConfig, UdpIo};
 
@@ -93,13 +91,7 @@ fn raw_receives_udp_backend(kind: &str, v6: bool, open: fn(&str) -> Io) {
         .enumerate()
         .map(|(i, len)| frame(ea, eb, i as u32 + 1, len))
         .collect();
-    let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_slice()).collect();
-    let mut sent = 0;
-    let t0 = Instant::now();
-    while sent < refs.len() && t0.elapsed() < Duration::from_secs(5) {
-        sent += a.send_frames(&refs[sent..]).unwrap();
-    }
-    assert_eq!(sent, refs.len());
+    send_all(&mut a, &frames);
     let mut got = Vec::new();
     let t0 = Instant::now();
     while got.len() < frames.len() && t0.elapsed() < Duration::from_secs(5) {
@@ -127,48 +119,32 @@ fn raw_receives_udp_backend(kind: &str, v6: bool, open: fn(&str) -> Io) {
     drop(t);
 }
 
-fn afpacket(ifname: &str) -> Io {
-    Box::new(AfPacketIo::open(AfPacketConfig::new(ifname)).unwrap())
-}
-
-/// The V2 ring (ferroce-verbs' choice): 16 KiB slots, so GSO super-frames
-/// come whole through the socket (PACKET_COPY_THRESH).
-fn afpacket_v2(ifname: &str) -> Io {
-    let mut c = AfPacketConfig::new(ifname);
-    c.rx_ring = RxRing::V2;
-    Box::new(AfPacketIo::open(c).unwrap())
-}
-
-fn afxdp(ifname: &str) -> Io {
-    Box::new(AfXdpIo::open(AfXdpConfig::new(ifname)).unwrap())
-}
-
 #[test]
 fn afpacket_receives_udp_backend_v4() {
-    raw_receives_udp_backend("afpacket", false, afpacket);
+    raw_receives_udp_backend("afpacket", false, raw_afpacket);
 }
 
 #[test]
 fn afpacket_receives_udp_backend_v6() {
-    raw_receives_udp_backend("afpacket", true, afpacket);
+    raw_receives_udp_backend("afpacket", true, raw_afpacket);
 }
 
 #[test]
 fn afpacket_v2_receives_udp_backend_v4() {
-    raw_receives_udp_backend("afpacket-v2", false, afpacket_v2);
+    raw_receives_udp_backend("afpacket-v2", false, raw_afpacket_v2);
 }
 
 #[test]
 fn afpacket_v2_receives_udp_backend_v6() {
-    raw_receives_udp_backend("afpacket-v2", true, afpacket_v2);
+    raw_receives_udp_backend("afpacket-v2", true, raw_afpacket_v2);
 }
 
 #[test]
 fn afxdp_receives_udp_backend_v4() {
-    raw_receives_udp_backend("afxdp", false, afxdp);
+    raw_receives_udp_backend("afxdp", false, raw_afxdp);
 }
 
 #[test]
 fn afxdp_receives_udp_backend_v6() {
-    raw_receives_udp_backend("afxdp", true, afxdp);
+    raw_receives_udp_backend("afxdp", true, raw_afxdp);
 }

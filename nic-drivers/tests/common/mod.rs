@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferroce_nic::afpacket::{AfPacketConfig, AfPacketIo, RxRing};
+use ferroce_nic::afxdp::{AfXdpConfig, AfXdpIo};
 use ferroce_nic::frame::{build_udp_frame, header_len, parse_udp, HeaderSpec, ROCE_V2_PORT};
 use ferroce_nic::netns::{Topology, TopologyConfig};
 use ferroce_nic::PacketIo;
@@ -26,6 +28,23 @@ pub struct Pair {
     pub b: Io,
     pub ea: End,
     pub eb: End,
+}
+
+/// An AF_PACKET receiver with the default (V3) ring.
+pub fn raw_afpacket(ifname: &str) -> Io {
+    Box::new(AfPacketIo::open(AfPacketConfig::new(ifname)).unwrap())
+}
+
+/// The V2 ring (ferroce-verbs' choice): small slots, so GSO super-frames
+/// come whole through the socket (PACKET_COPY_THRESH).
+pub fn raw_afpacket_v2(ifname: &str) -> Io {
+    let mut c = AfPacketConfig::new(ifname);
+    c.rx_ring = RxRing::V2;
+    Box::new(AfPacketIo::open(c).unwrap())
+}
+
+pub fn raw_afxdp(ifname: &str) -> Io {
+    Box::new(AfXdpIo::open(AfXdpConfig::new(ifname)).unwrap())
 }
 
 pub fn root_or_skip(what: &str) -> bool {
@@ -88,6 +107,17 @@ pub fn check(got: &[u8], from: End, to: End) -> Option<u32> {
     Some(seq)
 }
 
+/// Sends every frame (retrying while the backend is full), within 5 s.
+pub fn send_all(io: &mut Io, frames: &[Vec<u8>]) {
+    let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_slice()).collect();
+    let mut sent = 0;
+    let t0 = Instant::now();
+    while sent < refs.len() && t0.elapsed() < Duration::from_secs(5) {
+        sent += io.send_frames(&refs[sent..]).unwrap();
+    }
+    assert_eq!(sent, refs.len(), "{}: every frame sent", io.kind());
+}
+
 pub fn recv_until(io: &mut Io, n: usize, from: End, to: End, secs: u64) -> Vec<(u32, usize)> {
     let deadline = Instant::now() + Duration::from_secs(secs);
     let mut out = Vec::new();
@@ -123,13 +153,7 @@ pub fn batches(p: &mut Pair, sizes: &[usize]) {
                         frame(from, to, seq, len)
                     })
                     .collect();
-                let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_slice()).collect();
-                let mut sent = 0;
-                let t0 = Instant::now();
-                while sent < batch && t0.elapsed() < Duration::from_secs(5) {
-                    sent += tx.send_frames(&refs[sent..]).unwrap();
-                }
-                assert_eq!(sent, batch);
+                send_all(tx, &frames);
                 let got = recv_until(rx, batch, from, to, 5);
                 let want: Vec<(u32, usize)> = frames
                     .iter()

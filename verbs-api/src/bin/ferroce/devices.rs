@@ -17,21 +17,13 @@ fn backends(iface: &Interface) -> Vec<&'static str> {
     b
 }
 
-/// `(major, minor)` of a kernel release string such as `6.1.0-57-amd64`.
-fn kernel_version(release: &str) -> Option<(u32, u32)> {
-    let mut parts = release.split(['.', '-']);
-    let major = parts.next()?.parse().ok()?;
-    let minor = parts.next()?.parse().ok()?;
-    Some((major, minor))
-}
-
 /// What `afxdp` can carry on the running kernel: multi-buffer AF_XDP sockets
 /// (XDP_USE_SG) came in Linux 6.6; before, a frame must fit one 4 KiB chunk
 /// and the port offers RoCE MTU 2048 at most (see nic-drivers' afxdp).
 fn afxdp_note() -> Option<String> {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
     let release = release.trim();
-    (kernel_version(release)? < (6, 6)).then(|| {
+    (ferroce_nic::parse_kernel_release(release)? < (6, 6)).then(|| {
         format!("afxdp carries RoCE MTU 2048 at most on this kernel ({release}; 4096 needs 6.6)")
     })
 }
@@ -150,19 +142,5 @@ fn print_counters<'a>(counters: impl Iterator<Item = (&'a str, u64)>) {
     println!("\tport:\t1\n\t\thw_counters:");
     for (name, v) in counters {
         println!("\t\t\t{name}: {v}");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::kernel_version;
-
-    #[test]
-    fn kernel_versions_parse() {
-        assert_eq!(kernel_version("6.1.0-57-amd64"), Some((6, 1)));
-        assert_eq!(kernel_version("6.18.2"), Some((6, 18)));
-        assert_eq!(kernel_version("5.15.0-91-generic"), Some((5, 15)));
-        assert!(kernel_version("6.18.2") >= Some((6, 6)));
-        assert_eq!(kernel_version("garbage"), None);
     }
 }
