@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 secs="${1:-30}"
 shift || true
 targets=("$@")
-[ "${#targets[@]}" -gt 0 ] || targets=(frame_parse header_parsers frame_roundtrip responder requester decode)
+[ "${#targets[@]}" -gt 0 ] || targets=(frame_parse header_parsers frame_roundtrip responder requester decode raw_offload)
 command -v cargo-fuzz >/dev/null 2>&1 || { echo "run-all: cargo-fuzz missing (cargo install cargo-fuzz --locked)" >&2; exit 1; }
 
 if [ "${FERROCE_FUZZ_ASAN:-0}" = 1 ] && cargo +nightly --version >/dev/null 2>&1; then

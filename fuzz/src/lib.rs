@@ -222,3 +222,61 @@ pub fn frame_roundtrip(data: &[u8]) {
     // The lenient parser and the whole-frame target agree on it too.
     frame_parse(&buf[..n]);
 }
+
+/// What a raw receiver does to a frame the kernel left for a NIC
+/// (`ferroce_nic::offload`: cutting a UDP GSO super-frame in place, clearing
+/// or finishing a partial checksum) and the GSO run builder
+/// (`ferroce_nic::gso`), on arbitrary frames: never panics; a super-frame
+/// that is cut comes out as frames that parse as UDP and carry its payload in
+/// order; a finished checksum verifies. The first two bytes choose the
+/// segment size and whether the checksum is partial.
+pub fn raw_offload(data: &[u8]) {
+    use ferroce_nic::{frame, gso, offload};
+    let [a, b, rest @ ..] = data else { return };
+    let gso_size = usize::from(u16::from_le_bytes([*a, *b]) >> 1);
+    let partial = a & 1 == 1;
+    let payload = frame::parse_udp(rest)
+        .ok()
+        .and_then(|i| rest.get(i.payload_offset..i.payload_offset + i.payload_len))
+        .map(<[u8]>::to_vec);
+    let mut f = rest.to_vec();
+    let mut joined = Vec::new();
+    let mut count = 0;
+    let n = offload::segment_udp(&mut f, gso_size, partial, &mut |seg| {
+        count += 1;
+        let i = frame::parse_udp(seg).unwrap_or_else(|e| panic!("a cut frame must parse: {e}"));
+        assert!(
+            i.payload_len <= gso_size,
+            "segment longer than the segment size"
+        );
+        joined.extend_from_slice(&seg[i.payload_offset..i.payload_offset + i.payload_len]);
+    });
+    if let Some(n) = n {
+        assert_eq!(n, count);
+        if let Some(p) = payload {
+            assert_eq!(
+                joined, p,
+                "the segments carry the super-frame's payload in order"
+            );
+        }
+    }
+    let mut g = rest.to_vec();
+    offload::clear_partial(&mut g);
+    assert_eq!(g.len(), rest.len());
+    if let Some(fin) = offload::partial_finish(rest) {
+        let mut h = rest.to_vec();
+        assert!(fin.apply(&mut h));
+        assert!(offload::udp_checksum_ok(&h), "a finished checksum verifies");
+    }
+    if let Some(mut run) = gso::Run::start(rest) {
+        let cap = 65494;
+        if run.admits(rest, cap) {
+            run.push(rest.len() - run.header_len());
+        }
+        let mut sup = rest.to_vec();
+        sup.extend_from_slice(&rest[run.header_len().min(rest.len())..]);
+        sup.truncate(run.frame_len());
+        let mut vnet = [0u8; gso::VNET_HDR_LEN];
+        run.finish(&mut vnet, &mut sup);
+    }
+}

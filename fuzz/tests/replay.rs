@@ -1,7 +1,7 @@
 //! Replays the fuzz target bodies on seeds: every opcode's frame, each cut
 //! at every length and with seeded byte mutations, plus captures.
 
-use ferroce_fuzz::{decode, frame_parse, header_parsers};
+use ferroce_fuzz::{decode, frame_parse, header_parsers, raw_offload};
 use ferroce_stack::wire::sample::{sample_frame, SplitMix};
 use ferroce_stack::wire::OPCODES;
 
@@ -163,5 +163,47 @@ fn forged_hostile_reads_are_refused() {
         let before = s.core(1).stats().naks_sent;
         s.feed(&f);
         assert_eq!(s.core(1).stats().naks_sent, before + 1, "{va:?} {key:?}");
+    }
+}
+
+#[test]
+fn raw_offload_on_frames_cut_and_mutated() {
+    let mut rng = SplitMix::new(0x0ff1);
+    let mut inputs: Vec<Vec<u8>> = Vec::new();
+    for f in seeds().iter().step_by(3) {
+        // Segment sizes around the frame's payload, checksum partial or not.
+        for (gso, partial) in [
+            (0u16, 0u16),
+            (1, 1),
+            (40, 0),
+            (40, 1),
+            (4112, 0),
+            (0x7FFF, 1),
+        ] {
+            let mut d = ((gso << 1) | partial).to_le_bytes().to_vec();
+            d.extend_from_slice(f);
+            inputs.push(d);
+        }
+    }
+    for dir in ["raw_offload"] {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("corpus")
+            .join(dir);
+        for e in std::fs::read_dir(path).unwrap() {
+            inputs.push(std::fs::read(e.unwrap().path()).unwrap());
+        }
+    }
+    for d in &inputs {
+        for n in 0..d.len() {
+            raw_offload(&d[..n]);
+        }
+        for _ in 0..50 {
+            let mut m = d.clone();
+            for _ in 0..1 + rng.next_u32() % 4 {
+                let at = rng.next_u32() as usize % m.len();
+                m[at] = rng.next_u32() as u8;
+            }
+            raw_offload(&m);
+        }
     }
 }

@@ -67,7 +67,7 @@ fn locate(f: &[u8]) -> Option<Udp> {
         ip_at = 18;
     }
     let (at, src_dst) = match ethertype {
-        0x0800 => {
+        0x0800 if f.get(ip_at)? >> 4 == 4 => {
             let ihl = usize::from(f.get(ip_at)? & 0x0F) * 4;
             // Not UDP, or a fragment (its checksum spans other frames).
             if *f.get(ip_at + 9)? != 17 || be16(f, ip_at + 6)? & 0x3FFF != 0 || ihl < 20 {
@@ -76,7 +76,9 @@ fn locate(f: &[u8]) -> Option<Udp> {
             (ip_at + ihl, f.get(ip_at + 12..ip_at + 20)?)
         }
         // No extension headers: RoCE v2 frames carry none.
-        0x86DD if *f.get(ip_at + 6)? == 17 => (ip_at + 40, f.get(ip_at + 8..ip_at + 40)?),
+        0x86DD if *f.get(ip_at + 6)? == 17 && f.get(ip_at)? >> 4 == 6 => {
+            (ip_at + 40, f.get(ip_at + 8..ip_at + 40)?)
+        }
         _ => return None,
     };
     let len = usize::from(be16(f, at + 4)?);
