@@ -215,6 +215,7 @@ impl Inner {
             ("nic_tx_frames", io.tx_frames),
             ("nic_tx_dropped", io.tx_dropped),
             ("nic_tx_ring_full", io.tx_ring_full),
+            ("nic_tx_gso", io.tx_gso),
             ("nic_syscalls", io.syscalls),
         ]);
         v

@@ -360,9 +360,22 @@ fn matrix_between(backends: [Backend; 2], faults: Option<ferroce_nic::FaultConfi
     assert!(conns.iter().all(|c| c.qa.qp_type() == QpType::Rc));
     let s = ca.stats();
     eprintln!(
-        "{backends:?} faults={lossy}: A sent {} frames, retransmits {}, drops {:?}",
-        s.io.tx_frames, s.core.retransmits, s.core.drops
+        "{backends:?} faults={lossy}: A sent {} frames ({} GSO super-frames), retransmits {}, drops {:?}",
+        s.io.tx_frames, s.io.tx_gso, s.core.retransmits, s.core.drops
     );
+    // Multi-packet WRITEs leave as GSO super-frames where the backend can
+    // (AF_PACKET from Linux 6.2; a UDP socket always), and arrived intact above.
+    let gso = match backends[0] {
+        Backend::Udp => true,
+        Backend::AfPacket => {
+            ferroce_nic::kernel_version().is_some_and(|v| v >= (6, 2))
+                && std::env::var("FERROCE_AFPACKET_GSO").map_or(true, |v| v != "0")
+        }
+        _ => false,
+    };
+    if gso && !lossy {
+        assert!(s.io.tx_gso > 0, "{backends:?}: no GSO super-frame sent");
+    }
 }
 
 #[test]
