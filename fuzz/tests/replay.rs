@@ -15,6 +15,19 @@ fn seeds() -> Vec<Vec<u8>> {
     v
 }
 
+/// `f` with one to four bytes set at random.
+fn mutated(rng: &mut SplitMix, f: &[u8]) -> Vec<u8> {
+    let mut m = f.to_vec();
+    if m.is_empty() {
+        return m;
+    }
+    for _ in 0..1 + rng.next_u32() % 4 {
+        let at = rng.next_u32() as usize % m.len();
+        m[at] = rng.next_u32() as u8;
+    }
+    m
+}
+
 #[test]
 fn frames_truncated_and_mutated() {
     let mut rng = SplitMix::new(0xf022);
@@ -25,12 +38,7 @@ fn frames_truncated_and_mutated() {
             header_parsers(&f[n..]);
         }
         for _ in 0..200 {
-            let mut m = f.clone();
-            for _ in 0..1 + rng.next_u32() % 4 {
-                let at = rng.next_u32() as usize % m.len();
-                m[at] = rng.next_u32() as u8;
-            }
-            frame_parse(&m);
+            frame_parse(&mutated(&mut rng, &f));
         }
     }
 }
@@ -198,12 +206,7 @@ fn raw_offload_on_frames_cut_and_mutated() {
             raw_offload(&d[..n]);
         }
         for _ in 0..50 {
-            let mut m = d.clone();
-            for _ in 0..1 + rng.next_u32() % 4 {
-                let at = rng.next_u32() as usize % m.len();
-                m[at] = rng.next_u32() as u8;
-            }
-            raw_offload(&m);
+            raw_offload(&mutated(&mut rng, d));
         }
     }
 }
