@@ -476,8 +476,8 @@ impl UdpIo {
                 &ttl,
                 "IPV6_UNICAST_HOPS",
             )?;
-            // RoCE v2 senders (rxe, ferroce's raw backends) put UDP checksum 0 over IPv6 too
-            // (the ICRC covers the packet; RFC 6935 allows 0 for tunnels); Linux drops such
+            // A RoCE v2 sender may put UDP checksum 0 over IPv6 too (ferroce's raw backends do;
+            // the ICRC covers the packet, and RFC 6935 allows 0 for tunnels); Linux drops such
             // datagrams unless the socket accepts them.
             if let Err(e) = sys::setsockopt(
                 raw,
