@@ -16,7 +16,7 @@ use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::frame::ROCE_V2_PORT;
-use crate::gso::{self, Run, VIRTIO_NET_HDR_GSO_UDP_L4, VNET_HDR_LEN};
+use crate::gso::{self, Run, VNET_HDR_LEN};
 use crate::ipv4_id::IdRecovery;
 use crate::mcast::Memberships;
 use crate::raw_share::RawShare;
@@ -508,17 +508,9 @@ fn sendable(frame: &[u8], len: usize, max_len: usize, mtu: usize) -> bool {
 /// false if it cannot have it (not RoCE, or its ICRC was wrong already).
 fn give_id(ids: &mut IdRecovery, icrc_valid: bool, frame: &mut [u8], id: Option<u16>) -> bool {
     let Some(id) = id else { return true };
-    let Some(l3) = frame.get_mut(crate::frame::ETH_HLEN..) else {
-        return false;
-    };
-    if crate::ipv4_id::id_of(l3) == Some(id) {
-        return true;
-    }
-    if icrc_valid {
-        ids.set_id_of_valid(l3, id)
-    } else {
-        ids.set_id(l3, id)
-    }
+    frame
+        .get_mut(crate::frame::ETH_HLEN..)
+        .is_some_and(|l3| ids.give_id(l3, id, icrc_valid))
 }
 
 /// A dual-stack UDP socket on `port` whose filter drops every datagram.
@@ -809,10 +801,7 @@ impl AfPacketIo {
                 .rx_ring
                 .slice(hdr + mac_off - VNET_HDR_LEN, VNET_HDR_LEN)
             {
-                // gso_type without its ECN bit.
-                if v[1] & 0x7F == VIRTIO_NET_HDR_GSO_UDP_L4 {
-                    p.gso_size = usize::from(u16::from_le_bytes([v[4], v[5]]));
-                }
+                p.gso_size = gso::udp_gso_size(v);
             }
         }
         p
@@ -852,11 +841,7 @@ impl AfPacketIo {
         let (v, f) = self.whole[..got].split_at_mut(VNET_HDR_LEN);
         let pending = Pending {
             csum: status & TP_STATUS_CSUMNOTREADY != 0,
-            gso_size: if v[1] & 0x7F == VIRTIO_NET_HDR_GSO_UDP_L4 {
-                usize::from(u16::from_le_bytes([v[4], v[5]]))
-            } else {
-                0
-            },
+            gso_size: gso::udp_gso_size(v),
         };
         deliver(f, vlan, pending, &mut self.scratch, sink)
     }

@@ -23,18 +23,35 @@ use crate::frame::{self, ETH_HLEN};
 /// gso_size, csum_start, csum_offset; little-endian.
 pub const VNET_HDR_LEN: usize = 10;
 const VIRTIO_NET_HDR_F_NEEDS_CSUM: u8 = 1;
-pub const VIRTIO_NET_HDR_GSO_UDP_L4: u8 = 5;
+const VIRTIO_NET_HDR_GSO_UDP_L4: u8 = 5;
+/// gso_type's ECN flag (`VIRTIO_NET_HDR_GSO_ECN`).
+const VIRTIO_NET_HDR_GSO_ECN: u8 = 0x80;
 /// The kernel refuses more segments in one UDP GSO frame (`UDP_MAX_SEGMENTS`).
 pub const MAX_SEGMENTS: usize = 64;
 /// IPv4 total length / IPv6 payload length are 16 bits.
 const MAX_IP_LEN: usize = 0xFFFF;
 /// Longest headers a run keeps (Ethernet + IPv6 + UDP).
 const MAX_HDR: usize = ETH_HLEN + 40 + 8;
+/// Where the IP header starts: runs are of untagged frames only.
+const IP_AT: usize = ETH_HLEN;
 /// Offset of the destination QP in the BTH (IBTA 9.2).
 const BTH_DEST_QP: usize = 5;
 
 /// The virtio-net header of a plain frame: no GSO, no checksum to finish.
 pub const PLAIN: [u8; VNET_HDR_LEN] = [0; VNET_HDR_LEN];
+
+/// The segment size a received frame's virtio-net header gives it when it is
+/// a UDP GSO super-frame; 0 for anything else.
+pub fn udp_gso_size(vnet: &[u8]) -> usize {
+    match vnet {
+        [_, kind, _, _, lo, hi, ..]
+            if kind & !VIRTIO_NET_HDR_GSO_ECN == VIRTIO_NET_HDR_GSO_UDP_L4 =>
+        {
+            usize::from(u16::from_le_bytes([*lo, *hi]))
+        }
+        _ => 0,
+    }
+}
 
 /// Frames being joined: the first one's headers and what joined so far.
 #[derive(Debug, Clone)]
@@ -42,7 +59,6 @@ pub struct Run {
     hdr: [u8; MAX_HDR],
     /// Ethernet + IP + UDP header length.
     hl: usize,
-    ip_at: usize,
     v6: bool,
     /// UDP payload of a segment (the first frame's).
     seg: usize,
@@ -91,7 +107,6 @@ impl Run {
             qp,
             hdr,
             hl,
-            ip_at: ETH_HLEN,
             v6,
             seg: f.len() - hl,
             segs: 1,
@@ -140,11 +155,11 @@ impl Run {
         let plen = f.len() - self.hl;
         if plen > self.seg
             || self.frame_len() + plen > cap
-            || self.hl - self.ip_at + self.payload + plen > MAX_IP_LEN
+            || self.hl - IP_AT + self.payload + plen > MAX_IP_LEN
         {
             return false;
         }
-        let (ip, udp) = (self.ip_at, self.hl - 8);
+        let (ip, udp) = (IP_AT, self.hl - 8);
         // Fields the kernel writes per segment, or that follow from the length.
         let rewritten = |i: usize| {
             (udp + 4..udp + 8).contains(&i)
@@ -190,22 +205,21 @@ impl Run {
             vnet[..VNET_HDR_LEN].copy_from_slice(&PLAIN);
             return;
         }
-        let (ip, udp) = (self.ip_at, self.hl - 8);
+        let (ip, udp) = (IP_AT, self.hl - 8);
         let udp_len = 8 + self.payload;
-        let mut pseudo = 17 + udp_len as u32;
         if self.v6 {
             f[ip + 4..ip + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
-            pseudo += words(&f[ip + 8..ip + 40]);
         } else {
             let total = (20 + udp_len) as u16;
             f[ip + 2..ip + 4].copy_from_slice(&total.to_be_bytes());
             f[ip + 10..ip + 12].fill(0);
             let c = frame::ipv4_checksum(&f[ip..ip + 20]);
             f[ip + 10..ip + 12].copy_from_slice(&c.to_be_bytes());
-            pseudo += words(&f[ip + 12..ip + 20]);
         }
         f[udp + 4..udp + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
-        f[udp + 6..udp + 8].copy_from_slice(&fold(pseudo).to_be_bytes());
+        if let Some(c) = crate::offload::partial_form(&f[..self.hl + self.payload]) {
+            f[udp + 6..udp + 8].copy_from_slice(&c.to_be_bytes());
+        }
         vnet[0] = VIRTIO_NET_HDR_F_NEEDS_CSUM;
         vnet[1] = VIRTIO_NET_HDR_GSO_UDP_L4;
         vnet[2..4].copy_from_slice(&(self.hl as u16).to_le_bytes());
@@ -214,20 +228,6 @@ impl Run {
         // The UDP checksum field's offset in its header (RFC 768).
         vnet[8..10].copy_from_slice(&6u16.to_le_bytes());
     }
-}
-
-/// Sum of big-endian 16-bit words (even length).
-fn words(b: &[u8]) -> u32 {
-    b.chunks_exact(2)
-        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
-        .sum()
-}
-
-fn fold(mut s: u32) -> u16 {
-    while s > 0xFFFF {
-        s = (s & 0xFFFF) + (s >> 16);
-    }
-    s as u16
 }
 
 #[cfg(test)]
@@ -327,6 +327,9 @@ mod tests {
             assert_eq!(u16::from_le_bytes([vnet[4], vnet[5]]), 1040);
             assert_eq!(usize::from(u16::from_le_bytes([vnet[6], vnet[7]])), hl - 8);
             assert_eq!(u16::from_le_bytes([vnet[8], vnet[9]]), 6);
+            assert_eq!(udp_gso_size(&vnet), 1040, "read back as a receiver would");
+            vnet[1] |= VIRTIO_NET_HDR_GSO_ECN;
+            assert_eq!(udp_gso_size(&vnet), 1040, "ECN flag ignored");
             // What the kernel's software GSO (and a raw receiver) makes of it.
             let mut segs = Vec::new();
             let n =
@@ -354,6 +357,8 @@ mod tests {
         let mut vnet = [9u8; VNET_HDR_LEN];
         r.finish(&mut vnet, &mut f);
         assert_eq!(vnet, PLAIN);
+        assert_eq!(udp_gso_size(&vnet), 0);
+        assert_eq!(udp_gso_size(&vnet[..4]), 0, "short");
         assert_eq!(f, before);
     }
 }

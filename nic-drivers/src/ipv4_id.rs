@@ -158,6 +158,21 @@ impl IdRecovery {
         self.change_id(l3, id, false)
     }
 
+    /// Gives `l3` the Identification `id` unless it has it already: with
+    /// [`IdRecovery::set_id_of_valid`] when the caller knows its ICRC is right
+    /// (`icrc_valid`), else with [`IdRecovery::set_id`]. Returns whether it
+    /// carries `id` now.
+    pub fn give_id(&mut self, l3: &mut [u8], id: u16, icrc_valid: bool) -> bool {
+        if id_of(l3) == Some(id) {
+            return true;
+        }
+        if icrc_valid {
+            self.set_id_of_valid(l3, id)
+        } else {
+            self.set_id(l3, id)
+        }
+    }
+
     /// [`IdRecovery::set_id_of_valid`] for a packet in pieces: `head` is its
     /// start (IPv4 header, UDP header and BTH at least), `len` its whole
     /// length with the ICRC, and `icrc` its last 4 bytes. The bytes between

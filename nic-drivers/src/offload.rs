@@ -116,6 +116,14 @@ impl Finish {
     }
 }
 
+/// The kernel's partial form of the frame's UDP checksum (the folded
+/// pseudo-header sum, for the UDP length the frame declares): what a
+/// CHECKSUM_PARTIAL frame carries for the device to finish. None when the
+/// frame is not UDP over IP.
+pub fn partial_form(f: &[u8]) -> Option<u16> {
+    locate(f).map(|u| fold(u.pseudo))
+}
+
 /// When the frame's UDP checksum field holds the kernel's partial form (the
 /// folded pseudo-header sum) and the datagram does not already verify with
 /// it, the checksum that finishes it, as [`complete`] would write; else None.

@@ -1379,13 +1379,7 @@ impl UdpIo {
                         }
                         None => {
                             let pkt = &mut self.tx_arena[frame_at + l3..frame_at + hl + plen];
-                            if ipv4_id::id_of(pkt) != Some(k) {
-                                if self.cfg.tx_icrc_valid {
-                                    self.ids.set_id_of_valid(pkt, k);
-                                } else {
-                                    self.ids.set_id(pkt, k);
-                                }
-                            }
+                            self.ids.give_id(pkt, k, self.cfg.tx_icrc_valid);
                         }
                     }
                 }
