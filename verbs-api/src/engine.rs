@@ -35,11 +35,16 @@ pub const KEEPER_PERIOD: Duration = Duration::from_millis(5);
 /// an IPI per socket buffer, paid by the sending core: 5-6 % of a WRITE
 /// client's time over veth); polling for 50 us after traffic gave a 64 KiB
 /// WRITE stream 4-10 % more (medians of interleaved rounds against TCP).
-/// Only bulk steps arm it: after a small one (a ping-pong's single frame)
-/// the engine sleeps at once, because where it shares a core with the
-/// application (the demo's four threads on two vCPUs) polling slowed an
-/// 8 B SEND round trip from ~9 us to ~55 us.
 const BULK_SPIN: Duration = Duration::from_micros(50);
+
+/// How long the engine thread polls after a small step (a ping-pong's frame
+/// or two). Sleeping at once put the UDP backend's 8 B SEND round trip
+/// between two pinned namespace hosts into a slow mode: each side's vCPU
+/// halts between messages and every message then pays a cross-vCPU wake-up
+/// (`scripts/bench-verbs.sh` setting, 3 rounds each: typical half round
+/// trip 60-87 us sleeping at once, 7-10 us polling 20 us; AF_PACKET 6.0-6.8
+/// us both ways). The poll yields, so a thread sharing the core still runs.
+const SMALL_SPIN: Duration = Duration::from_micros(20);
 
 /// A step that moved this many frames is bulk traffic: a GRO batch or a
 /// window of a large message, never a ping-pong's one or two.
@@ -59,6 +64,7 @@ fn poll_after_step(moved: usize, over: Option<Duration>) -> Duration {
     match over {
         Some(d) => d,
         None if moved >= BULK_STEP_FRAMES => BULK_SPIN,
+        None if moved > 0 => SMALL_SPIN,
         None => Duration::ZERO,
     }
 }
@@ -611,11 +617,14 @@ mod tests {
     }
 
     #[test]
-    fn only_bulk_steps_keep_the_engine_polling() {
-        // A ping-pong's steps move one or two frames: sleep at once.
-        assert_eq!(poll_after_step(1, None), Duration::ZERO);
-        assert_eq!(poll_after_step(2, None), Duration::ZERO);
-        assert_eq!(poll_after_step(BULK_STEP_FRAMES - 1, None), Duration::ZERO);
+    fn bulk_steps_keep_the_engine_polling_longer() {
+        // A step that moved nothing sleeps at once.
+        assert_eq!(poll_after_step(0, None), Duration::ZERO);
+        // A ping-pong's steps move one or two frames: a short poll.
+        assert_eq!(poll_after_step(1, None), SMALL_SPIN);
+        assert_eq!(poll_after_step(2, None), SMALL_SPIN);
+        assert_eq!(poll_after_step(BULK_STEP_FRAMES - 1, None), SMALL_SPIN);
+        assert!(SMALL_SPIN < BULK_SPIN);
         // A GRO batch or a window of a large message.
         assert_eq!(poll_after_step(BULK_STEP_FRAMES, None), BULK_SPIN);
         assert_eq!(poll_after_step(STEP_LIMIT, None), BULK_SPIN);
