@@ -283,14 +283,20 @@ impl Drop for Mmap {
     }
 }
 
-/// The classic BPF program: accept Ethernet [+ one 802.1Q tag] / IPv4 (no
-/// options, not a fragment) or IPv6 (no extension headers) / UDP to `port`,
-/// and with `qpn_prefix`, only datagrams whose BTH destination QP has that
-/// top byte (or that are too short to hold one: the stack counts those).
+/// Whether this kernel takes UDP GSO frames from a packet socket (a
+/// virtio-net header of kind `VIRTIO_NET_HDR_GSO_UDP_L4`): since Linux 6.2.
+pub fn gso_supported() -> bool {
+    crate::kernel_version().is_some_and(|v| v >= (6, 2))
+}
+
 /// Top byte of the multicast QPN 0xFFFFFF (IBTA 10.5.2.4); no device's QPN
 /// prefix (`raw_share`) is ever 0xFF.
 const MULTICAST_QPN_TOP: u32 = 0xFF;
 
+/// The classic BPF program: accept Ethernet [+ one 802.1Q tag] / IPv4 (no
+/// options, not a fragment) or IPv6 (no extension headers) / UDP to `port`,
+/// and with `qpn_prefix`, only datagrams whose BTH destination QP has that
+/// top byte (or that are too short to hold one: the stack counts those).
 pub fn udp_port_filter(port: u16, qpn_prefix: Option<u8>) -> Vec<libc::sock_filter> {
     // Opcodes from linux/bpf_common.h + linux/filter.h.
     const LDX_IMM: u16 = 0x01; // BPF_LDX | BPF_W | BPF_IMM
@@ -700,7 +706,7 @@ impl AfPacketIo {
         // VIRTIO_NET_HDR_GSO_UDP_L4 is taken since Linux 6.2 (older kernels
         // refuse each such frame, which PACKET_LOSS would drop unseen).
         let gso = cfg.gso
-            && crate::kernel_version().is_some_and(|v| v >= (6, 2))
+            && gso_supported()
             && match sys::setsockopt(
                 tx,
                 SOL_PACKET,

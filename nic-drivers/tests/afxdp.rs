@@ -188,3 +188,32 @@ fn busy_poll_mode_still_moves_frames() {
     };
     batches(&mut p, &[60, 1500]);
 }
+
+/// `zero_copy_only` refuses a copy-mode bind (veth has no zero-copy AF_XDP)
+/// and leaves nothing behind: no program, and the queue free for a
+/// copy-mode socket at once.
+#[test]
+fn zero_copy_only_refuses_copy_mode() {
+    if !root_or_skip("afxdp zero_copy_only") {
+        return;
+    }
+    let t = topo();
+    let r = t
+        .run_in(0, || {
+            let mut c = AfXdpConfig::new("veth0");
+            c.zero_copy_only = true;
+            AfXdpIo::open(c).map(|io| io.zero_copy())
+        })
+        .unwrap();
+    match r {
+        Err(ferroce_nic::NicError::Unsupported(what)) => {
+            assert!(what.contains("zero-copy"), "{what}")
+        }
+        other => panic!("veth bound zero-copy? {other:?}"),
+    }
+    assert!(!xdp_attached(&t, 0), "no program left attached");
+    let io = t
+        .run_in(0, || AfXdpIo::open(AfXdpConfig::new("veth0")).unwrap())
+        .unwrap();
+    assert!(!io.zero_copy());
+}

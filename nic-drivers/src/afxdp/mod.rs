@@ -65,6 +65,10 @@ pub struct AfXdpConfig {
     pub mode: XdpMode,
     /// Try a zero-copy bind before copy mode.
     pub try_zero_copy: bool,
+    /// Fail to open (`NicError::Unsupported`) instead of binding in copy
+    /// mode: for a caller that has a faster backend than a copy-mode socket
+    /// (ferroce-verbs' `auto`: AF_PACKET with GSO).
+    pub zero_copy_only: bool,
     /// RX chunks (and fill/RX ring size) per queue; a power of two.
     pub rx_chunks: usize,
     /// TX slots (and TX/completion ring size) per queue; a power of two.
@@ -86,6 +90,7 @@ impl AfXdpConfig {
             port: ROCE_V2_PORT,
             mode: XdpMode::Auto,
             try_zero_copy: true,
+            zero_copy_only: false,
             rx_chunks: 4096,
             tx_slots: 512,
             share_qpns: false,

@@ -105,6 +105,18 @@ impl Xsk {
                 Err(e) => tracing::debug!("zero-copy bind refused ({e}); using copy mode"),
             }
         }
+        if !bound && cfg.zero_copy_only {
+            // Kernels before 6.6 refuse XDP_USE_SG alone: zero-copy without it.
+            if cfg.try_zero_copy && bind(XDP_ZEROCOPY | XDP_USE_NEED_WAKEUP).is_ok() {
+                zero_copy = true;
+                bound = true;
+                sg = 0;
+            } else {
+                return Err(NicError::Unsupported(format!(
+                    "AF_XDP zero-copy on queue {queue} (the driver binds in copy mode only)"
+                )));
+            }
+        }
         if !bound {
             // EBUSY: a socket of a process that just died may still hold the
             // queue while the kernel tears it down (deferred); wait for it.

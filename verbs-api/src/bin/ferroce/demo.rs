@@ -45,21 +45,28 @@ fn open_pair(backend: Backend) -> Result<(Place, Context, Context), String> {
     let opts = OpenOptions::default();
     if ferroce_nic::is_root() && backend != Backend::Udp {
         let topo = Topology::up(&TopologyConfig::default()).map_err(|e| e.to_string())?;
-        let mut ctxs = Vec::new();
-        for i in 0..2 {
-            let ns = topo.host(i).ns.clone();
-            let mut cfg = DeviceConfig::new(&topo.host(i).ifname, backend);
-            cfg.netns = Some(ns);
-            cfg.seed = SEED + i as u64;
-            let ctx = topo
-                .run_in(i, move || Context::open(&cfg, opts))
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
-            ctxs.push(ctx);
+        // The demo's own order (not `auto`'s, which puts a copy-mode AF_XDP
+        // socket after AF_PACKET): it shows AF_XDP wherever it opens.
+        let order: &[Backend] = match backend {
+            Backend::Auto => &[Backend::AfXdp, Backend::AfPacket, Backend::Udp],
+            _ => std::slice::from_ref(&backend),
+        };
+        let mut errors = Vec::new();
+        for &b in order {
+            let open = |i: usize| -> Result<Context, String> {
+                let mut cfg = DeviceConfig::new(&topo.host(i).ifname, b);
+                cfg.netns = Some(topo.host(i).ns.clone());
+                cfg.seed = SEED + i as u64;
+                topo.run_in(i, move || Context::open(&cfg, opts))
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())
+            };
+            match open(0).and_then(|a| Ok((a, open(1)?))) {
+                Ok((a, b)) => return Ok((Place::Namespaces(topo), a, b)),
+                Err(e) => errors.push(format!("{}: {e}", b.name())),
+            }
         }
-        let b = ctxs.pop().ok_or("no device")?;
-        let a = ctxs.pop().ok_or("no device")?;
-        return Ok((Place::Namespaces(topo), a, b));
+        return Err(errors.join("; "));
     }
     let udp = |last: u8| {
         let mut cfg = DeviceConfig::new("lo", Backend::Udp);
