@@ -28,4 +28,5 @@ pub use half;
 pub use transport::ibverbs::{IbvEndpoint, IbvTransport};
 pub use transport::local::{local_world, LocalTransport};
 pub use transport::rdma::{RdmaConfig, RdmaEndpoint, RdmaTransport};
+pub use transport::split::SplitTransport;
 pub use transport::Transport;

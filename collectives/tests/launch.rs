@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 
 use ferroce_nic::netns::{Topology, TopologyConfig};
 
-#[test]
-fn torchrun_style_processes_in_namespaces() {
+/// `n` namespace hosts on a bridge and the master address (host 0's), or
+/// `None` (skipped) without root.
+fn namespaces(n: usize) -> Option<(Topology, String)> {
     if !ferroce_nic::is_root() {
         eprintln!("skipped: needs root for namespaces");
-        return;
+        return None;
     }
-    let n = 3;
     let topo = Topology::up(&TopologyConfig {
         hosts: n,
         bridge: true,
@@ -23,6 +23,15 @@ fn torchrun_style_processes_in_namespaces() {
     })
     .unwrap();
     let master = topo.host(0).ipv4.to_string();
+    Some((topo, master))
+}
+
+#[test]
+fn torchrun_style_processes_in_namespaces() {
+    let n = 3;
+    let Some((topo, master)) = namespaces(n) else {
+        return;
+    };
     let kids = (0..n)
         .map(|i| {
             rank(
@@ -58,6 +67,48 @@ fn several_ranks_on_one_host_share_its_address() {
     check_job(kids, n, &["8", "512", "32768", "2097152"]);
 }
 
+/// `FERROCE_COLL_SMALL_BACKEND`: each rank holds a second device, AF_XDP,
+/// for messages up to 16 KiB, beside its UDP one; sizes on both sides of
+/// the threshold come out right.
+#[test]
+fn small_messages_on_a_second_device() {
+    let n = 3;
+    let Some((topo, master)) = namespaces(n) else {
+        return;
+    };
+    let kids = (0..n)
+        .map(|i| {
+            let mut c = topo.command(i, env!("CARGO_BIN_EXE_ferroce-coll-bench"));
+            c.env("FERROCE_BACKEND", "udp")
+                .env("FERROCE_COLL_SMALL_BACKEND", "afxdp")
+                .env("FERROCE_COLL_SMALL_MAX", "16384")
+                .env("FERROCE_COLL_STATS", "1");
+            rank(c, i, n, &master, "2M")
+        })
+        .collect();
+    let outs = check_job(kids, n, &["8", "512", "32768", "2097152"]);
+    assert!(
+        outs[0]
+            .0
+            .contains("messages up to 16384 B on a second device, afxdp"),
+        "{}",
+        outs[0].0
+    );
+    // Every rank's stats: two devices, both moved frames.
+    for (r, (_, err)) in outs.iter().enumerate() {
+        // (The progress line, ended by a carriage return, may precede one.)
+        let out: Vec<u64> = err
+            .split(&format!("# rank {r}: "))
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+            .collect();
+        assert!(
+            out.len() == 2 && out.iter().all(|&f| f > 0),
+            "rank {r}: {err}"
+        );
+    }
+}
+
 /// Starts rank `i` of `n` of a small allreduce run, told only what
 /// torchrun tells it.
 fn rank(
@@ -83,7 +134,11 @@ fn rank(
 }
 
 /// Waits for the ranks and checks rank 0's table.
-fn check_job(mut kids: Vec<std::process::Child>, n: usize, want_sizes: &[&str]) {
+fn check_job(
+    mut kids: Vec<std::process::Child>,
+    n: usize,
+    want_sizes: &[&str],
+) -> Vec<(String, String)> {
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut status = vec![None; n];
     while status.iter().any(Option::is_none) && Instant::now() < deadline {
@@ -124,4 +179,5 @@ fn check_job(mut kids: Vec<std::process::Child>, n: usize, want_sizes: &[&str]) 
     );
     // The others print nothing.
     assert!(outs[1].0.trim().is_empty(), "{}", outs[1].0);
+    outs
 }

@@ -305,10 +305,15 @@ fn header(
     );
     println!(
         "# backend {}, engine {:?}, chunk {} B, slots {}, spin {:?}, ACK coalescing {}",
-        if a.fabric == "rdma-core" {
-            "rdma-core libibverbs"
-        } else {
-            dev.backend.name()
+        match (a.fabric.as_str(), dev.small_backend) {
+            ("rdma-core", _) => "rdma-core libibverbs".to_string(),
+            ("env", Some(small)) => format!(
+                "{} (messages up to {} B on a second device, {})",
+                dev.backend.name(),
+                dev.small_max,
+                small.name()
+            ),
+            _ => dev.backend.name().to_string(),
         },
         dev.mode,
         cfg.chunk,

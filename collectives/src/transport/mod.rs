@@ -20,6 +20,7 @@ pub mod ibverbs;
 pub mod local;
 pub mod rdma;
 mod region;
+pub mod split;
 pub(crate) mod wire;
 
 /// One send: (world rank, bytes).
