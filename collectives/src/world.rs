@@ -157,7 +157,8 @@ pub fn parse_mode(s: &str) -> Result<EngineMode> {
 /// Default [`DeviceOptions::small_max`]: over veth between 4 namespaces an
 /// AF_XDP device beat the UDP backend on allreduce up to 8 KiB (1.7-2.0×
 /// Open MPI's speed against 0.6-1.1×) and lost from 32 KiB on (0.8× against
-/// 0.7×, and 0.4-0.6× against 0.9-1.0× from 512 KiB; `scripts/coll-vs-mpi.sh`).
+/// 0.7× there, 0.4-0.6× against 0.9-1.0× from 512 KiB;
+/// `scripts/coll-vs-mpi.sh`).
 pub const SMALL_MAX: usize = 16 << 10;
 
 static NEXT_NET: AtomicU32 = AtomicU32::new(0);

@@ -39,10 +39,14 @@
 //! (members' CMs draw their comm IDs with their prefix on top), and the
 //! requests that name none (REQ, SIDR_REQ) to the member with prefix 0.
 //!
-//! While the group has more than one member, the sockets take no UDP GRO:
-//! a NIC's GRO would merge datagrams of one flow (same addresses and ports)
-//! for different members into one, and the program steers it whole. For the
-//! same reason a sender puts only frames to one QPN prefix into a GSO send.
+//! While the group has more than one member that would take UDP GRO, none
+//! does: a NIC's GRO would merge datagrams of one flow (same addresses and
+//! ports) for different members into one, and the program steers it whole.
+//! The kernel decides per datagram, by the socket the program picks for it,
+//! whether it may join a merged one, so one GRO member among members without
+//! it (a raw device's loopback-only socket for its local peers) gets only
+//! merged datagrams of its own. For the same reason a sender puts only
+//! frames to one QPN prefix into a GSO send.
 
 use std::fs::File;
 use std::io::{Read, Seek, Write};
@@ -96,6 +100,9 @@ pub(crate) struct Member {
     pub(crate) position: u32,
     pub(crate) pid: u32,
     pub(crate) nonce: u64,
+    /// Whether the member's socket would take UDP GRO (a line without the
+    /// field, from an older ferroce, says yes).
+    pub(crate) gro: bool,
 }
 
 /// This socket's membership of a shared port.
@@ -108,6 +115,10 @@ pub struct PortShare {
     prefix: u8,
     position: u32,
     members: usize,
+    /// Whether this socket would take UDP GRO.
+    gro: bool,
+    /// Other members that would take UDP GRO, at the last check.
+    gro_others: usize,
     next_check: Instant,
     /// The lowest position one of our probes came back through since the
     /// last check.
@@ -140,6 +151,12 @@ impl PortShare {
     /// Members of the group at the last check (this one included).
     pub fn members(&self) -> usize {
         self.members
+    }
+
+    /// Other members that would take UDP GRO, at the last check: while there
+    /// are any, this one must not (see the module's notes).
+    pub fn gro_others(&self) -> usize {
+        self.gro_others
     }
 
     /// This socket's position in the group at the last check.
@@ -209,6 +226,7 @@ impl PortShare {
             table.write(&members)?;
         }
         self.members = members.len();
+        self.gro_others = gro_others(&members, self.nonce);
         drop(table);
         // A round that saw nothing searches the whole group next; otherwise
         // our position can only have gone down.
@@ -245,6 +263,7 @@ impl PortShare {
             position: self.position,
             pid: std::process::id(),
             nonce: self.nonce,
+            gro: self.gro,
         }
     }
 
@@ -306,8 +325,9 @@ impl Joining {
     /// device's own, for the socket its local peers reach it through),
     /// finds the socket's position and attaches the program for the table
     /// with it added. Datagrams that reach the socket meanwhile are read and
-    /// dropped (it has no QPs yet).
-    pub fn join(self, fd: RawFd, prefix: Option<u8>) -> Result<PortShare, NicError> {
+    /// dropped (it has no QPs yet). `gro`: whether the socket would take UDP
+    /// GRO when no other member would.
+    pub fn join(self, fd: RawFd, prefix: Option<u8>, gro: bool) -> Result<PortShare, NicError> {
         let Joining {
             path,
             mut table,
@@ -343,6 +363,8 @@ impl Joining {
             prefix,
             position: 0,
             members: members.len() + 1,
+            gro,
+            gro_others: gro_others(&members, 0),
             next_check: Instant::now() + CHECK_EVERY,
             seen: None,
             moves: 0,
@@ -420,7 +442,16 @@ impl Table {
     pub(crate) fn write(&mut self, members: &[Member]) -> Result<(), NicError> {
         let text: String = members
             .iter()
-            .map(|m| format!("{} {} {} {:016x}\n", m.prefix, m.position, m.pid, m.nonce))
+            .map(|m| {
+                format!(
+                    "{} {} {} {:016x} {}\n",
+                    m.prefix,
+                    m.position,
+                    m.pid,
+                    m.nonce,
+                    u8::from(m.gro)
+                )
+            })
             .collect();
         let io = |e| NicError::io("writing the shared-port table", e);
         self.file.set_len(0).map_err(io)?;
@@ -472,7 +503,16 @@ fn parse_line(l: &str) -> Option<Member> {
         position: it.next()?.parse().ok()?,
         pid: it.next()?.parse().ok()?,
         nonce: u64::from_str_radix(it.next()?, 16).ok()?,
+        gro: match it.next() {
+            None => true,
+            Some(g) => g.parse::<u8>().ok()? != 0,
+        },
     })
+}
+
+/// Members other than the one with `nonce` that would take UDP GRO.
+fn gro_others(members: &[Member], nonce: u64) -> usize {
+    members.iter().filter(|m| m.gro && m.nonce != nonce).count()
 }
 
 /// The kinds of table: UDP groups and raw devices' interfaces.
@@ -854,6 +894,7 @@ mod tests {
             position,
             pid: u32::from(prefix),
             nonce: u64::from(prefix),
+            gro: false,
         };
         let four = vec![m(0, 0), m(1, 1), m(2, 2), m(3, 3)];
         // The first died: the last took its place.
@@ -870,15 +911,31 @@ mod tests {
 
     #[test]
     fn table_lines_parse_back() {
-        let m = Member {
-            prefix: 7,
-            position: 2,
-            pid: 4242,
-            nonce: 0xdead_beef,
-        };
-        let l = format!("{} {} {} {:016x}", m.prefix, m.position, m.pid, m.nonce);
-        assert_eq!(parse_line(&l), Some(m));
+        for gro in [false, true] {
+            let m = Member {
+                prefix: 7,
+                position: 2,
+                pid: 4242,
+                nonce: 0xdead_beef,
+                gro,
+            };
+            let l = format!(
+                "{} {} {} {:016x} {}",
+                m.prefix,
+                m.position,
+                m.pid,
+                m.nonce,
+                u8::from(gro)
+            );
+            assert_eq!(parse_line(&l), Some(m));
+        }
+        // A line of an older ferroce, without the GRO field: it may take GRO.
+        assert_eq!(
+            parse_line("7 2 4242 00000000deadbeef").map(|m| m.gro),
+            Some(true)
+        );
         assert_eq!(parse_line("7 2 x 00"), None);
+        assert_eq!(parse_line("7 2 4242 00 x"), None);
     }
 
     #[test]
@@ -889,12 +946,14 @@ mod tests {
                 position: 1,
                 pid: 1,
                 nonce: 1,
+                gro: true,
             },
             Member {
                 prefix: 3,
                 position: 0,
                 pid: 1,
                 nonce: 2,
+                gro: false,
             },
         ];
         let p = program(&ms);

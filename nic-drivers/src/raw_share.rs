@@ -64,6 +64,7 @@ impl RawShare {
             position: 0,
             pid: std::process::id(),
             nonce: me.nonce,
+            gro: false,
         });
         table.write(&members)?;
         Ok(me)

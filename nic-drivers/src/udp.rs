@@ -576,9 +576,11 @@ impl UdpIo {
                 "IPV6_MULTICAST_HOPS",
             );
         }
-        let share = joining.map(|j| j.join(raw, cfg.share_prefix)).transpose()?;
+        let share = joining
+            .map(|j| j.join(raw, cfg.share_prefix, gro))
+            .transpose()?;
         let rx_gro = gro;
-        if gro && share.as_ref().is_some_and(|s| s.members() > 1) {
+        if gro && share.as_ref().is_some_and(|s| s.gro_others() > 0) {
             gro = !set_gro(raw, false);
         }
 
@@ -1455,13 +1457,19 @@ impl UdpIo {
                 }
                 None
             });
-        if let Some(members) = members {
-            let want = self.gro_capable && members == 1;
+        if members.is_some() {
+            let want = self.gro_capable && share.gro_others() == 0;
             if want != self.gro_on && set_gro(fd, want) {
                 self.gro_stale |= self.gro_on;
                 self.gro_on = want;
             }
         }
+    }
+
+    /// Whether the socket takes UDP GRO now (off while another member of a
+    /// shared port would take it too).
+    pub fn gro_on(&self) -> bool {
+        self.gro_on
     }
 
     /// This socket's membership of a port shared with other processes'

@@ -104,6 +104,46 @@ fn a_lone_device_keeps_gro_and_its_qpns() {
     assert!(!table_exists(at));
 }
 
+/// GRO stays on for a device whose only fellow members take no GRO (a raw
+/// device's loopback-only socket for its local peers), goes off on both
+/// when a second device that would take it joins, and comes back when that
+/// one leaves.
+#[test]
+fn gro_is_off_only_while_another_member_would_take_it() {
+    let at = shared_addr(4);
+    let mut a = join(at);
+    assert!(a.gro_on());
+    let mut lo = UdpConfig::new(at);
+    lo.loopback_only = true;
+    lo.gro = false;
+    lo.share_prefix = Some(9);
+    let mut peers = UdpIo::bind(lo).unwrap();
+    // Checks run every CHECK_EVERY from the receive path.
+    let settle = |ios: &mut [&mut UdpIo]| {
+        let deadline = Instant::now() + 3 * ferroce_nic::port_share::CHECK_EVERY;
+        while Instant::now() < deadline {
+            for io in ios.iter_mut() {
+                io.recv_owned(64, &mut Vec::new()).unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    settle(&mut [&mut a, &mut peers]);
+    assert_eq!(a.share().map(|s| s.members()), Some(2));
+    assert!(a.gro_on(), "beside a member that takes no GRO");
+    assert!(!peers.gro_on());
+    let mut b = join(at);
+    assert!(!b.gro_on(), "joined beside a member that takes GRO");
+    settle(&mut [&mut a, &mut peers, &mut b]);
+    assert!(
+        !a.gro_on() && !b.gro_on(),
+        "two members that would take GRO"
+    );
+    drop(b);
+    settle(&mut [&mut a, &mut peers]);
+    assert!(a.gro_on(), "alone again with GRO");
+}
+
 /// Whether a shared-port table for `at` exists.
 fn table_exists(at: SocketAddr) -> bool {
     let name = format!("-{}-{}.members", at.ip(), at.port());

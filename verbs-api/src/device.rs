@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use ferroce_nic::afpacket::{AfPacketConfig, AfPacketIo};
-use ferroce_nic::afxdp::{AfXdpConfig, AfXdpIo};
+use ferroce_nic::afxdp::{AfXdpConfig, AfXdpIo, XdpMode};
 use ferroce_nic::{PacketIo, UdpConfig, UdpIo};
 
 use crate::error::{Error, Result};
@@ -218,6 +218,26 @@ fn afpacket_gso() -> bool {
     std::env::var("FERROCE_AFPACKET_GSO").map_or(true, |v| v != "0")
 }
 
+/// `FERROCE_XDP_MODE`: how an AF_XDP device attaches its program: `drv`
+/// (native, in the driver), `skb` (generic, after the kernel built the
+/// socket buffer), or `auto` (native, else generic; the default). On veth a
+/// native program makes the kernel take GSO off the peer, so a UDP device
+/// beside it sends every frame alone; a generic one leaves that alone.
+fn xdp_mode() -> Result<XdpMode> {
+    xdp_mode_of(std::env::var("FERROCE_XDP_MODE").ok().as_deref())
+}
+
+fn xdp_mode_of(v: Option<&str>) -> Result<XdpMode> {
+    match v {
+        None | Some("") | Some("auto") => Ok(XdpMode::Auto),
+        Some("drv") | Some("native") => Ok(XdpMode::Driver),
+        Some("skb") | Some("generic") => Ok(XdpMode::Skb),
+        Some(o) => Err(Error::NoDevice(format!(
+            "FERROCE_XDP_MODE={o:?} (auto, drv or skb)"
+        ))),
+    }
+}
+
 /// The backends to try, in order, each with whether an AF_XDP socket must
 /// bind zero-copy. `auto` takes AF_XDP first where its sockets bind zero-copy
 /// (a NIC whose driver supports it); a copy-mode socket (veth, virtio-net,
@@ -253,13 +273,17 @@ pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
         let r: Result<(Box<dyn PacketIo>, Option<SocketAddr>)> = match b {
             // Other processes' devices on the interface take other QPN
             // prefixes (ferroce_nic::raw_share).
-            Backend::AfXdp => AfXdpIo::open(AfXdpConfig {
-                share_qpns: true,
-                zero_copy_only,
-                ..AfXdpConfig::new(&cfg.ifname)
-            })
-            .map(|io| (Box::new(io) as Box<dyn PacketIo>, None))
-            .map_err(Error::from),
+            Backend::AfXdp => xdp_mode()
+                .and_then(|mode| {
+                    AfXdpIo::open(AfXdpConfig {
+                        share_qpns: true,
+                        zero_copy_only,
+                        mode,
+                        ..AfXdpConfig::new(&cfg.ifname)
+                    })
+                    .map_err(Error::from)
+                })
+                .map(|io| (Box::new(io) as Box<dyn PacketIo>, None)),
             Backend::AfPacket => AfPacketIo::open(AfPacketConfig {
                 // A TPACKET_V3 block reaches user space only when full or
                 // after its 1 ms retire timer, which puts ~1 ms on every
@@ -444,6 +468,23 @@ pub fn gid_ipv4(gid: Ipv6Addr) -> Option<Ipv4Addr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xdp_mode_names() {
+        for (v, m) in [
+            (None, XdpMode::Auto),
+            (Some(""), XdpMode::Auto),
+            (Some("auto"), XdpMode::Auto),
+            (Some("drv"), XdpMode::Driver),
+            (Some("native"), XdpMode::Driver),
+            (Some("skb"), XdpMode::Skb),
+            (Some("generic"), XdpMode::Skb),
+        ] {
+            assert_eq!(xdp_mode_of(v).unwrap(), m, "{v:?}");
+        }
+        let e = xdp_mode_of(Some("offload")).unwrap_err().to_string();
+        assert!(e.contains("FERROCE_XDP_MODE=\"offload\""), "{e}");
+    }
 
     #[test]
     fn auto_puts_copy_mode_af_xdp_after_afpacket_with_gso() {
