@@ -362,8 +362,9 @@ pub struct UdpIo {
     ids: IdRecovery,
     // Membership of a port shared with other processes' devices.
     share: Option<PortShare>,
-    // Whether UDP_GRO is on now (off while the port has several members),
-    // and whether it was at bind (the receive slots are sized for it).
+    // Whether UDP_GRO is on now (off while another member of the shared
+    // port would take it too), and whether it was at bind (the receive
+    // slots are sized for it).
     gro_on: bool,
     /// GRO went off while datagrams may have been queued whole (a GSO
     /// send taken with GRO on): until the queue is next found empty, a
@@ -585,7 +586,7 @@ impl UdpIo {
         }
 
         // Sized for GRO even while sharing turns it off: it comes back on
-        // when the other members leave.
+        // when the other members that would take it leave.
         let rx_len = if rx_gro {
             MAX_DGRAM + 1
         } else {
