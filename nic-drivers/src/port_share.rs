@@ -356,15 +356,16 @@ impl Joining {
                     })?
             }
         };
+        let nonce = new_nonce();
         let mut me = PortShare {
             path,
             target: probe_target(local),
-            nonce: new_nonce(),
+            nonce,
             prefix,
             position: 0,
             members: members.len() + 1,
             gro,
-            gro_others: gro_others(&members, 0),
+            gro_others: gro_others(&members, nonce),
             next_check: Instant::now() + CHECK_EVERY,
             seen: None,
             moves: 0,

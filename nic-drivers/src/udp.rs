@@ -1447,7 +1447,7 @@ impl UdpIo {
         let fd = self.sock.as_raw_fd();
         // The table or a probe failing (a full /dev/shm, say) costs the
         // steering its mending, not the device its traffic.
-        let members = share
+        let checked = share
             .tick(fd, std::time::Instant::now())
             .unwrap_or_else(|e| {
                 // Once loudly; a lasting fault would repeat every check.
@@ -1458,7 +1458,7 @@ impl UdpIo {
                 }
                 None
             });
-        if members.is_some() {
+        if checked.is_some() {
             let want = self.gro_capable && share.gro_others() == 0;
             if want != self.gro_on && set_gro(fd, want) {
                 self.gro_stale |= self.gro_on;

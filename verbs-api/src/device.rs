@@ -218,6 +218,12 @@ fn afpacket_gso() -> bool {
     std::env::var("FERROCE_AFPACKET_GSO").map_or(true, |v| v != "0")
 }
 
+/// Whether AF_PACKET devices opened now send GSO super-frames: not turned
+/// off by `FERROCE_AFPACKET_GSO=0`, and taken by this kernel (Linux >= 6.2).
+pub fn afpacket_sends_gso() -> bool {
+    afpacket_gso() && ferroce_nic::afpacket::gso_supported()
+}
+
 /// `FERROCE_XDP_MODE`: how an AF_XDP device attaches its program: `drv`
 /// (native, in the driver), `skb` (generic, after the kernel built the
 /// socket buffer), or `auto` (native, else generic; the default). On veth a
@@ -267,7 +273,7 @@ fn attempts(backend: Backend, afpacket_gso: bool) -> &'static [(Backend, bool)] 
 pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
     let iface = interface(&cfg.ifname)?;
     let gso = afpacket_gso();
-    let order = attempts(cfg.backend, gso && ferroce_nic::afpacket::gso_supported());
+    let order = attempts(cfg.backend, afpacket_sends_gso());
     let mut errors = Vec::new();
     for &(b, zero_copy_only) in order {
         let r: Result<(Box<dyn PacketIo>, Option<SocketAddr>)> = match b {

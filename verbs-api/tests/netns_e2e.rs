@@ -367,10 +367,7 @@ fn matrix_between(backends: [Backend; 2], faults: Option<ferroce_nic::FaultConfi
     // (AF_PACKET from Linux 6.2; a UDP socket always), and arrived intact above.
     let gso = match backends[0] {
         Backend::Udp => true,
-        Backend::AfPacket => {
-            ferroce_nic::kernel_version().is_some_and(|v| v >= (6, 2))
-                && std::env::var("FERROCE_AFPACKET_GSO").map_or(true, |v| v != "0")
-        }
+        Backend::AfPacket => ferroce_verbs::device::afpacket_sends_gso(),
         _ => false,
     };
     if gso && !lossy {
@@ -561,9 +558,11 @@ fn auto_prefers_afpacket_over_copy_mode_afxdp() {
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let topo = Topology::up(&TopologyConfig::default()).unwrap();
     let (a, b) = open_hosts(&topo, [Backend::Auto; 2], None, None);
-    let gso = ferroce_nic::afpacket::gso_supported()
-        && std::env::var("FERROCE_AFPACKET_GSO").map_or(true, |v| v != "0");
-    let want = if gso { "afpacket" } else { "afxdp" };
+    let want = if ferroce_verbs::device::afpacket_sends_gso() {
+        "afpacket"
+    } else {
+        "afxdp"
+    };
     assert_eq!([a.backend(), b.backend()], [want; 2]);
     let access = ConnectOptions::default().access;
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());

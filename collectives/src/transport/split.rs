@@ -45,6 +45,24 @@ impl<S: Transport, L: Transport> SplitTransport<S, L> {
     pub fn parts(&self) -> (&S, &L, usize) {
         (&self.small, &self.large, self.max_small)
     }
+
+    /// Runs `run` with each transport's share of one exchange, the small
+    /// messages' transport first; a transport with none is left out.
+    fn in_turn(
+        &mut self,
+        sends: &[SendSpec<'_>],
+        recvs: &mut [RecvSpec<'_>],
+        mut run: impl FnMut(&mut dyn Transport, &[SendSpec<'_>], &mut [RecvSpec<'_>]) -> Result<()>,
+    ) -> Result<()> {
+        let [(ss, mut sr), (ls, mut lr)] = split(sends, recvs, self.max_small);
+        if !ss.is_empty() || !sr.is_empty() {
+            run(&mut self.small, &ss, &mut sr)?;
+        }
+        if !ls.is_empty() || !lr.is_empty() {
+            run(&mut self.large, &ls, &mut lr)?;
+        }
+        Ok(())
+    }
 }
 
 type Parts<'s, 'r> = [(Vec<SendSpec<'s>>, Vec<RecvSpec<'r>>); 2];
@@ -75,14 +93,7 @@ impl<S: Transport, L: Transport> Transport for SplitTransport<S, L> {
     }
 
     fn exchange(&mut self, sends: &[SendSpec<'_>], recvs: &mut [RecvSpec<'_>]) -> Result<()> {
-        let [(ss, mut sr), (ls, mut lr)] = split(sends, recvs, self.max_small);
-        if !ss.is_empty() || !sr.is_empty() {
-            self.small.exchange(&ss, &mut sr)?;
-        }
-        if !ls.is_empty() || !lr.is_empty() {
-            self.large.exchange(&ls, &mut lr)?;
-        }
-        Ok(())
+        self.in_turn(sends, recvs, |t, s, r| t.exchange(s, r))
     }
 
     fn exchange_fold(
@@ -92,14 +103,9 @@ impl<S: Transport, L: Transport> Transport for SplitTransport<S, L> {
         align: usize,
         fold: Fold<'_>,
     ) -> Result<()> {
-        let [(ss, mut sr), (ls, mut lr)] = split(sends, recvs, self.max_small);
-        if !ss.is_empty() || !sr.is_empty() {
-            self.small.exchange_fold(&ss, &mut sr, align, &mut *fold)?;
-        }
-        if !ls.is_empty() || !lr.is_empty() {
-            self.large.exchange_fold(&ls, &mut lr, align, &mut *fold)?;
-        }
-        Ok(())
+        self.in_turn(sends, recvs, |t, s, r| {
+            t.exchange_fold(s, r, align, &mut *fold)
+        })
     }
 }
 
