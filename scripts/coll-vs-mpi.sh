@@ -10,7 +10,7 @@
 # Environment: CARGO_TARGET_DIR (where the release build goes); COLL_BENCH (a
 # ferroce-coll-bench binary to run instead of building one, for A/B runs); FERROCE_BACKEND,
 # FERROCE_ENGINE, FERROCE_ALLREDUCE_ALGO, FERROCE_COLL_*, FERROCE_ACK_DELAY_US, FERROCE_ACK_COALESCE,
-# FERROCE_UDP_GATHER (passed to the ferroce ranks).
+# FERROCE_UDP_GATHER, FERROCE_UDP_MULTISHOT (passed to the ferroce ranks).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
@@ -93,7 +93,7 @@ mpi=(mpirun --allow-run-as-root --oversubscribe -np "$N" --bind-to none
     --mca btl tcp,self --mca btl_tcp_if_include veth0 --mca oob_tcp_if_include $tag
     -x MASTER_ADDR=198.18.0.1 -x MASTER_PORT=29517)
 for v in FERROCE_BACKEND FERROCE_ENGINE FERROCE_ALLREDUCE_ALGO FERROCE_COLL_CHUNK FERROCE_COLL_SLOTS \
-    FERROCE_COLL_SPIN_US FERROCE_COLL_ACK_TIMEOUT FERROCE_COLL_SMALL_BACKEND FERROCE_COLL_SMALL_MAX FERROCE_XDP_MODE FERROCE_COLL_STATS FERROCE_ACK_DELAY_US FERROCE_ACK_COALESCE FERROCE_UDP_GATHER; do
+    FERROCE_COLL_SPIN_US FERROCE_COLL_ACK_TIMEOUT FERROCE_COLL_SMALL_BACKEND FERROCE_COLL_SMALL_MAX FERROCE_XDP_MODE FERROCE_COLL_STATS FERROCE_ACK_DELAY_US FERROCE_ACK_COALESCE FERROCE_UDP_GATHER FERROCE_UDP_MULTISHOT; do
     [ -n "${!v:-}" ] && mpi+=(-x "$v")
 done
 

@@ -34,6 +34,7 @@ pub mod port_share;
 pub mod raw_share;
 mod sys;
 pub mod udp;
+mod uring_rx;
 
 pub use afpacket::{AfPacketConfig, AfPacketIo, RxRing};
 pub use afxdp::{AfXdpConfig, AfXdpIo, XdpMode};

@@ -270,14 +270,21 @@ impl PortShare {
     /// Sends probes for positions `0..upto` and reads the socket until they
     /// are in; the lowest that came back to us is our position.
     fn find_position(&mut self, fd: RawFd, upto: u32) -> Result<u32, NicError> {
-        for pos in 0..upto {
-            send_probe(fd, self.target, pos, self.nonce)?;
-        }
-        // Local delivery happens inside sendto, so the probes are queued by
-        // now; the wait is for a slow kernel only.
+        // Local delivery happens inside sendto, so the probes are queued once
+        // it returns. They are sent again now and then: a socket that has
+        // just been closed may still sit in the group for a few tens of ms
+        // (one an io_uring request held: the ring lets go of it only when
+        // its exit work has run) and take every probe of a round.
         let until = Instant::now() + Duration::from_millis(500);
+        let mut next_round = Instant::now();
         let mut buf = [0u8; 2048];
         loop {
+            if Instant::now() >= next_round {
+                for pos in 0..upto {
+                    send_probe(fd, self.target, pos, self.nonce)?;
+                }
+                next_round = Instant::now() + Duration::from_millis(40);
+            }
             loop {
                 // SAFETY: buf is valid for buf.len() bytes for the call.
                 let n = unsafe {

@@ -501,3 +501,110 @@ fn recv_checked_flags_only_frames_whose_icrc_was_verified() {
         }
     }
 }
+
+/// Whether this kernel lets us use io_uring (a sysctl may turn it off); the
+/// multishot tests then skip, as the backend falls back to recvmmsg.
+fn io_uring_allowed() -> bool {
+    let off = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+        .is_ok_and(|v| v.trim() != "0");
+    if off {
+        eprintln!("SKIP: kernel.io_uring_disabled is set; the multishot receive falls back");
+    }
+    !off
+}
+
+fn multishot(c: &mut UdpConfig) {
+    c.multishot = true;
+}
+
+#[test]
+fn ipv4_loopback_multishot() {
+    if !io_uring_allowed() {
+        return;
+    }
+    assert!(open("127.0.0.1:0", multishot).uses_multishot());
+    roundtrip("127.0.0.1:0", "127.0.0.1:0", multishot);
+    roundtrip("127.0.0.1:0", "127.0.0.1:0", |c| {
+        c.multishot = true;
+        c.gso = false;
+        c.gro = false;
+    });
+}
+
+#[test]
+fn ipv6_loopback_multishot() {
+    if !io_uring_allowed() {
+        return;
+    }
+    roundtrip("[::1]:0", "[::1]:0", multishot);
+}
+
+/// More datagrams than the ring has buffers, queued before the first
+/// receive: the kernel ends the receive when it runs out (ENOBUFS), the
+/// next poll arms it again, and nothing is lost or reordered.
+#[test]
+fn multishot_receive_outlasts_its_buffers() {
+    if !io_uring_allowed() {
+        return;
+    }
+    let cfg = |c: &mut UdpConfig| {
+        c.multishot = true;
+        c.gso = false;
+        c.gro = false;
+        c.batch = 8;
+    };
+    let mut a = open("127.0.0.1:0", cfg);
+    let mut b = open("127.0.0.1:0", cfg);
+    assert!(b.uses_multishot());
+    // Armed now, before anything is sent.
+    assert_eq!(b.recv_owned(64, &mut Vec::new()).unwrap(), 0);
+    let frames: Vec<Vec<u8>> = (0..600u32).map(|i| frame_to(&a, &b, i, 300, 0)).collect();
+    for chunk in frames.chunks(8) {
+        let refs: Vec<&[u8]> = chunk.iter().map(|f| f.as_slice()).collect();
+        assert_eq!(a.send_frames(&refs).unwrap(), chunk.len());
+    }
+    let mut got = Vec::new();
+    drain(&mut b, frames.len(), &mut got);
+    assert_eq!(got.len(), frames.len());
+    for (g, f) in got.iter().zip(&frames) {
+        assert_eq!(g[42..], f[42..], "in order, intact");
+    }
+    assert_eq!(b.stats().rx_dropped, 0);
+}
+
+/// A thread sleeping on the device's poll fd wakes when a datagram comes,
+/// and a thread other than the one that armed the receive (which sleeps
+/// meanwhile) gets the datagrams all the same.
+#[test]
+fn multishot_wakes_a_sleeper_and_follows_the_polling_thread() {
+    if !io_uring_allowed() {
+        return;
+    }
+    let mut a = open("127.0.0.1:0", |_| {});
+    let mut b = open("127.0.0.1:0", multishot);
+    assert!(b.uses_multishot());
+    // Armed by this thread, which then only sleeps.
+    assert_eq!(b.recv_owned(64, &mut Vec::new()).unwrap(), 0);
+    let f1 = frame_to(&a, &b, 1, 200, 0);
+    let f2 = frame_to(&a, &b, 2, 200, 0);
+    let b = std::thread::scope(|s| {
+        let poller = s.spawn(move || {
+            let t0 = Instant::now();
+            assert!(b.wait(Some(Duration::from_secs(5))).unwrap(), "woken");
+            let woke = t0.elapsed();
+            let mut got = Vec::new();
+            drain(&mut b, 2, &mut got);
+            (b, got, woke)
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(a.send_frames(&[&f1]).unwrap(), 1);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(a.send_frames(&[&f2]).unwrap(), 1);
+        let (b, got, woke) = poller.join().unwrap();
+        assert!(woke < Duration::from_secs(2), "woke after {woke:?}");
+        assert_eq!(got.len(), 2);
+        assert_eq!((&got[0][42..], &got[1][42..]), (&f1[42..], &f2[42..]));
+        b
+    });
+    assert_eq!(b.stats().rx_frames, 2);
+}

@@ -272,3 +272,63 @@ fn leaving_at_exit_hands_the_place_on_and_the_last_removes_the_table() {
     send_to_qpn(&tx, at, 0x01_0012, 70);
     assert_eq!(tags(&mut b), [70]);
 }
+
+/// A socket in the port's `SO_REUSEPORT` group that no member's table line
+/// names: one just closed that the kernel has not let go of yet (an
+/// io_uring request held it: some tens of ms after its process exits).
+fn lingering_socket(at: SocketAddr) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    let SocketAddr::V4(v4) = at else {
+        panic!("IPv4 only")
+    };
+    // SAFETY: plain socket calls on a fresh fd with valid arguments.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+        assert!(fd >= 0);
+        let owned = std::os::fd::OwnedFd::from_raw_fd(fd);
+        let one: libc::c_int = 1;
+        for opt in [libc::SO_REUSEPORT, libc::SO_REUSEADDR] {
+            let r = libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+            assert_eq!(r, 0);
+        }
+        let sa = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: v4.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes(v4.ip().octets()),
+            },
+            sin_zero: [0; 8],
+        };
+        let r = libc::bind(
+            fd,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        owned
+    }
+}
+
+/// Sockets lingering in the group take the probes a joining device sends
+/// to find its place; it sends them again until they are gone (a device
+/// opened just after another process's closed failed to open before).
+#[test]
+fn a_join_outlasts_sockets_lingering_in_the_group() {
+    let at = shared_addr(9);
+    let lingering: Vec<_> = (0..8).map(|_| lingering_socket(at)).collect();
+    let closer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        drop(lingering);
+    });
+    let mut io = UdpIo::bind(UdpConfig::new(at)).expect("joins once they are gone");
+    closer.join().unwrap();
+    let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    send_to_qpn(&tx, at, 0x00_0011, 7);
+    assert_eq!(tags(&mut io), vec![7]);
+}

@@ -330,6 +330,10 @@ pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
                         // the port to this one, as a second bind then fails.
                         c.share_port =
                             std::env::var("FERROCE_UDP_SHARE").map_or(true, |v| v != "0");
+                        // Datagrams taken by an armed io_uring multishot receive
+                        // (UdpConfig::multishot): FERROCE_UDP_MULTISHOT=1.
+                        c.multishot =
+                            std::env::var("FERROCE_UDP_MULTISHOT").is_ok_and(|v| v == "1");
                         UdpIo::bind(c)
                             .map(|io| {
                                 let local = io.local_addr();
