@@ -40,7 +40,8 @@ enum Cmd {
     },
     /// Speed comparison: rxe ⇄ rxe against ferroce ⇄ ferroce inside the same two VMs.
     Speed {
-        /// ferroce backends to run inside the VMs.
+        /// ferroce backends to run inside the VMs, each maybe with settings for its
+        /// environment after `@`s (`udp@FERROCE_UDP_MULTISHOT=1`).
         #[arg(long, value_delimiter = ',', default_value = "afpacket,udp,afxdp")]
         backends: Vec<String>,
         /// Iterations: 64 KiB WRITE bw, 1 MiB WRITE bw, 8 B SEND lat. 100 MiB at 1 MiB:

@@ -303,10 +303,11 @@ pub fn run(o: &SpeedOptions) -> Result<String> {
         for vm in [srv, cli] {
             vm.run_ok("rdma link delete rxe0 2>/dev/null; rmmod rdma_rxe")?;
         }
-        for backend in &o.backends {
+        for spec in &o.backends {
+            let (backend, env) = backend_env(spec);
             for &t in &tests {
                 let base = format!(
-                    "{VM_FERROCE} bench {} -d eth0 --backend {backend} -s {} {}",
+                    "{env}{VM_FERROCE} bench {} -d eth0 --backend {backend} -s {} {}",
                     t.ferroce(),
                     t.size(),
                     t.length(o)
@@ -323,7 +324,7 @@ pub fn run(o: &SpeedOptions) -> Result<String> {
                     base.clone()
                 };
                 let client = format!("{base} --busy-poll {}", srv.ip());
-                let pair = format!("ferroce ⇄ ferroce ({backend})");
+                let pair = format!("ferroce ⇄ ferroce ({})", spec.replace('@', ", "));
                 record(t, &pair, vm_pair_cmds(srv, cli, &server, &client));
             }
         }
@@ -332,6 +333,19 @@ pub fn run(o: &SpeedOptions) -> Result<String> {
     let load_after = loadavg();
     let report = render(o, &figures, started.elapsed(), &load_before, &load_after);
     Ok(report)
+}
+
+/// A `--backends` entry: a backend, then settings for ferroce's environment
+/// after `@`s (`udp@FERROCE_UDP_MULTISHOT=1`), as a command prefix.
+fn backend_env(spec: &str) -> (&str, String) {
+    let mut parts = spec.split('@');
+    let backend = parts.next().unwrap_or_default();
+    let env: Vec<&str> = parts.filter(|p| p.contains('=')).collect();
+    if env.is_empty() {
+        (backend, String::new())
+    } else {
+        (backend, format!("env {} ", env.join(" ")))
+    }
 }
 
 /// Loads rxe again after an `rmmod` (its dependencies stayed) and waits for rxe0's IPv4 GID.
@@ -609,6 +623,15 @@ pub fn results_path() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backend_entries_carry_settings() {
+        assert_eq!(super::backend_env("udp"), ("udp", String::new()));
+        assert_eq!(
+            super::backend_env("udp@FERROCE_UDP_MULTISHOT=1@A=b"),
+            ("udp", "env FERROCE_UDP_MULTISHOT=1 A=b ".to_string())
+        );
+    }
 
     #[test]
     fn parses_perftest_and_ferroce_tables() {
