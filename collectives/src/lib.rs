@@ -12,6 +12,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod algo;
+pub mod bind;
 pub mod bootstrap;
 pub mod communicator;
 pub mod dtype;

@@ -226,6 +226,9 @@ pub fn run_with<R: Send>(
                 let master = master.clone();
                 let l = if rank == 0 { listener.take() } else { None };
                 s.spawn(move || -> Result<R> {
+                    if crate::bind::binding_from_env()? {
+                        crate::bind::bind_current_thread(rank)?;
+                    }
                     let b = Bootstrap::new(rank, n, master)?.with_timeout(cfg.timeout);
                     let mut rv = match l {
                         Some(l) if n > 1 => Rendezvous::serve(&b, l)?,
@@ -262,6 +265,8 @@ pub fn run_env<R>(
     body: impl FnOnce(&Communicator<'_>) -> Result<R>,
 ) -> Result<R> {
     let b = Bootstrap::from_env()?.with_timeout(cfg.timeout);
+    // Before the devices open: their threads inherit it.
+    crate::bind::bind_from_env(b.rank)?;
     let ifname = match std::env::var("FERROCE_IFACE") {
         Ok(i) if !i.is_empty() => i,
         _ => ferroce_verbs::device::interfaces()?

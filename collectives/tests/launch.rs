@@ -67,6 +67,64 @@ fn several_ranks_on_one_host_share_its_address() {
     check_job(kids, n, &["8", "512", "32768", "2097152"]);
 }
 
+/// `FERROCE_COLL_BIND=core`: each rank process runs on the CPU of its local
+/// rank (modulo the CPUs it may use), and the job's results are right.
+#[test]
+fn ranks_bind_to_the_cpu_of_their_local_rank() {
+    let n = 3;
+    let cpus = allowed_cpus(std::process::id(), None).expect("this process's CPUs");
+    let mut kids: Vec<std::process::Child> = (0..n)
+        .map(|i| {
+            let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ferroce-coll-bench"));
+            c.env("FERROCE_IFACE", "lo")
+                .env("FERROCE_BACKEND", "udp")
+                .env("FERROCE_COLL_BIND", "core")
+                // Local ranks in the other order than the ranks.
+                .env("LOCAL_RANK", (n - 1 - i).to_string())
+                .env_remove("FERROCE_UDP_BIND");
+            // Its own rendezvous: the other loopback test may run at once.
+            rank(c, i, n, "127.0.0.2", "2M")
+        })
+        .collect();
+    for (i, k) in kids.iter_mut().enumerate() {
+        let want = vec![cpus[(n - 1 - i) % cpus.len()]];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut seen = None;
+        while Instant::now() < deadline && k.try_wait().unwrap().is_none() {
+            // The main thread binds itself right after reading the launcher's variables.
+            seen = allowed_cpus(k.id(), Some(k.id()));
+            if seen.as_ref() == Some(&want) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(seen, Some(want), "rank {i}");
+    }
+    let outs = check_job(kids, n, &["8", "512", "32768", "2097152"]);
+    assert!(outs[0].0.contains("bound to a CPU"), "{}", outs[0].0);
+}
+
+/// The CPUs a process (or one of its threads) may run on, from /proc.
+fn allowed_cpus(pid: u32, tid: Option<u32>) -> Option<Vec<usize>> {
+    let path = match tid {
+        Some(t) => format!("/proc/{pid}/task/{t}/status"),
+        None => format!("/proc/{pid}/status"),
+    };
+    let status = std::fs::read_to_string(path).ok()?;
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?
+        .trim();
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<usize>().ok()?..=b.parse::<usize>().ok()?),
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    Some(cpus)
+}
+
 /// `FERROCE_COLL_SMALL_BACKEND`: each rank holds a second device, AF_XDP,
 /// for messages up to 16 KiB, beside its UDP one; sizes on both sides of
 /// the threshold come out right.
@@ -119,8 +177,13 @@ fn rank(
     max: &str,
 ) -> std::process::Child {
     // One port per test binary run and master (the two tests may run at once).
-    let port =
-        29600 + std::process::id() % 1000 + if master.starts_with("127.") { 1000 } else { 0 };
+    let port = 29600
+        + std::process::id() % 1000
+        + match master {
+            "127.0.0.1" => 1000,
+            m if m.starts_with("127.") => 2000,
+            _ => 0,
+        };
     c.args(["allreduce", "--fabric", "env", "-b", "8", "-e", max])
         .args(["-f", "64", "-w", "1", "-i", "2"])
         .env("RANK", i.to_string())

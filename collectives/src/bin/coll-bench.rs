@@ -304,7 +304,7 @@ fn header(
         a.op, a.fabric, dt.name(), redop.name(), a.algo, a.warmup, a.iters
     );
     println!(
-        "# backend {}, engine {:?}, chunk {} B, slots {}, spin {:?}, ACK coalescing {}",
+        "# backend {}, engine {:?}, chunk {} B, slots {}, spin {:?}, ACK coalescing {}{}",
         match (a.fabric.as_str(), dev.small_backend) {
             ("rdma-core", _) => "rdma-core libibverbs".to_string(),
             ("env", Some(small)) => format!(
@@ -326,6 +326,11 @@ fn header(
                 ..
             } => format!("{k} per ACK or {d:?}"),
             _ => "off".into(),
+        },
+        if ferroce_collectives::bind::binding_from_env().unwrap_or(false) {
+            ", each rank bound to a CPU (FERROCE_COLL_BIND=core)"
+        } else {
+            ""
         }
     );
     println!("#");
