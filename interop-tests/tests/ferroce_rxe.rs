@@ -2351,6 +2351,16 @@ fn rdma_cm_case(env: &Env, tool: CmTool, ferroce_serves: bool, v6: bool, host: H
     row
 }
 
+/// The verified pings an rping side printed (`-v -V`: one line per ping).
+fn rping_pings(out: &str, server: bool) -> usize {
+    let prefix = if server {
+        "server ping data: rdma-ping-"
+    } else {
+        "ping data: rdma-ping-"
+    };
+    out.lines().filter(|l| l.starts_with(prefix)).count()
+}
+
 /// One try of [`rdma_cm_case`]: the row, and whether (and why) a failure gets another.
 fn rdma_cm_try(
     env: &Env,
@@ -2588,14 +2598,7 @@ fn rdma_cm_try(
                 } else {
                     "rdma_client: end 0"
                 }),
-                CmTool::Rping | CmTool::RpingOwnQp => {
-                    let prefix = if is_server {
-                        "server ping data: rdma-ping-"
-                    } else {
-                        "ping data: rdma-ping-"
-                    };
-                    out.lines().filter(|l| l.starts_with(prefix)).count() == 3
-                }
+                CmTool::Rping | CmTool::RpingOwnQp => rping_pings(&out, is_server) == 3,
                 CmTool::Udaddy => {
                     out.contains("data transfers complete") && out.contains("return status 0")
                 }
@@ -2620,17 +2623,7 @@ fn rdma_cm_try(
                 .unwrap_or_default();
             let stock = is_server != ferroce_serves;
             if stock && matches!(tool, CmTool::Rping | CmTool::RpingOwnQp) {
-                let pings = out
-                    .lines()
-                    .filter(|l| {
-                        l.starts_with(if is_server {
-                            "server ping data: rdma-ping-"
-                        } else {
-                            "ping data: rdma-ping-"
-                        })
-                    })
-                    .count();
-                rping_race = pings == 3
+                rping_race = rping_pings(&out, is_server) == 3
                     && o.as_ref().is_some_and(|o| o.status == 255)
                     && said.contains("rdma_get_cm_event: Bad file descriptor");
             }

@@ -669,8 +669,7 @@ impl UdpIo {
             // working set. With 64 (of 64 KiB, for GRO) an 8 MiB allreduce of 4
             // ranks over veth took 10-30 % longer than with recvmmsg, whose
             // adaptive batch reuses the first few slots; with 4-16 it was even.
-            let count = MULTISHOT_BUFFERS;
-            let ms = MultishotRx::new(raw, count, rx_len, CMSG_ROOM).and_then(|ms| {
+            let ms = MultishotRx::new(raw, MULTISHOT_BUFFERS, rx_len, CMSG_ROOM).and_then(|ms| {
                 let epoll = sys::epoll_of(&[raw, ms.ring_fd()])?;
                 Ok((ms, epoll))
             });

@@ -120,7 +120,8 @@ impl MultishotRx {
         let control_len = control_len.next_multiple_of(16);
         let payload_at = OUT_HDR + NAME_LEN + control_len;
         let buf_len = (payload_at + payload).next_multiple_of(64);
-        let buf_len_u32 = u32::try_from(buf_len)
+        // Ring entries carry a buffer's length as a u32.
+        u32::try_from(buf_len)
             .map_err(|_| NicError::Config(format!("receive buffer of {buf_len} bytes")))?;
         let ring = IoUring::builder()
             // Room for every buffer's completion and the request's last one.
@@ -178,7 +179,7 @@ impl MultishotRx {
         }
         .map_err(|e| NicError::io("io_uring register buffer ring", e))?;
         for bid in 0..count {
-            rx.provide(bid, buf_len_u32);
+            rx.provide(bid);
         }
         rx.publish_tail();
         Ok(rx)
@@ -195,16 +196,15 @@ impl MultishotRx {
     }
 
     /// Puts buffer `bid` at the ring's tail (published by `publish_tail`).
-    fn provide(&mut self, bid: u16, len: u32) {
-        let mask = self.count - 1;
-        let idx = usize::from(self.tail & mask);
-        let addr = self.bufs.as_mut_ptr() as u64 + u64::from(bid) * self.buf_len as u64;
-        // SAFETY: idx < count entries; the kernel reads an entry only once the
-        // tail covers it, and it does not cover this one until `publish_tail`.
-        let e = unsafe { &mut *self.entries.as_ptr().add(idx) };
-        e.set_addr(addr);
-        e.set_len(len);
-        e.set_bid(bid);
+    fn provide(&mut self, bid: u16) {
+        put_entry(
+            self.entries,
+            self.count,
+            self.tail,
+            &mut self.bufs,
+            self.buf_len,
+            bid,
+        );
         self.tail = self.tail.wrapping_add(1);
     }
 
@@ -332,16 +332,10 @@ impl MultishotRx {
                     datagrams += 1;
                 }
             }
-            // Back to the ring at once: the sink took what it wanted.
-            let mask = self.count - 1;
-            let idx = usize::from(self.tail.wrapping_add(returned) & mask);
-            let addr = self.bufs.as_mut_ptr() as u64 + start as u64;
-            // SAFETY: as in `provide` (the same entry arithmetic; `self.tail`
-            // moves on after the loop, when `cq` no longer borrows the ring).
-            let e = unsafe { &mut *self.entries.as_ptr().add(idx) };
-            e.set_addr(addr);
-            e.set_len(buf_len as u32);
-            e.set_bid(bid);
+            // Back to the ring at once: the sink took what it wanted. (`self.tail`
+            // moves on after the loop, when `cq` no longer borrows the ring.)
+            let at = self.tail.wrapping_add(returned);
+            put_entry(self.entries, self.count, at, &mut self.bufs, buf_len, bid);
             returned = returned.wrapping_add(1);
         }
         drop(cq);
@@ -354,6 +348,28 @@ impl MultishotRx {
             None => Ok(frames),
         }
     }
+}
+
+/// Writes the ring entry at position `at` (of `count`, a power of two) for
+/// buffer `bid` of `bufs`. The kernel reads an entry only once the
+/// published tail covers it, which it does not until `publish_tail`.
+fn put_entry(
+    entries: NonNull<BufRingEntry>,
+    count: u16,
+    at: u16,
+    bufs: &mut [u8],
+    buf_len: usize,
+    bid: u16,
+) {
+    let idx = usize::from(at & (count - 1));
+    let addr = bufs.as_mut_ptr() as u64 + u64::from(bid) * buf_len as u64;
+    // SAFETY: idx < count, the number of entries `entries` holds; none of
+    // them is being read by the kernel (see above).
+    let e = unsafe { &mut *entries.as_ptr().add(idx) };
+    e.set_addr(addr);
+    // buf_len fits a u32: checked in `MultishotRx::new`.
+    e.set_len(buf_len as u32);
+    e.set_bid(bid);
 }
 
 /// A number for the calling thread, never 0, without a system call.
