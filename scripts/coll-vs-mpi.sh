@@ -5,7 +5,12 @@
 # round. Prints both tables and the ratios. Needs root, openmpi-bin and
 # libopenmpi-dev (.ci/install-deps.sh).
 #
-#   scripts/coll-vs-mpi.sh [-b 8] [-e 64M] [-f 4] [-i 10] [-w 2] [-r 1] [-- extra coll-bench args]
+#   scripts/coll-vs-mpi.sh [-b 8] [-e 64M] [-f 4] [-i 10] [-w 2] [-r 1] [-B] [-- extra coll-bench args]
+#
+# -B: mpirun binds every rank of both jobs to one core, round robin over the cores
+# (`--map-by core:oversubscribe --bind-to core:overload-allowed`: ranks 0, 1, 2, 3 on
+# cores 0, 1, 0, 1 here), as `mpirun --bind-to core` does for a job that fits; without
+# it neither job is bound (`--bind-to none`), Open MPI's choice for an oversubscribed job.
 #
 # Environment: CARGO_TARGET_DIR (where the release build goes); COLL_BENCH (a
 # ferroce-coll-bench binary to run instead of building one, for A/B runs); FERROCE_BACKEND,
@@ -14,10 +19,11 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
-B=8 E=64M F=4 I=10 W=2 R=1 N=4
-while getopts "b:e:f:i:w:r:" o; do
+B=8 E=64M F=4 I=10 W=2 R=1 N=4 BIND=none
+while getopts "b:e:f:i:w:r:B" o; do
     case $o in
     b) B=$OPTARG ;; e) E=$OPTARG ;; f) F=$OPTARG ;; i) I=$OPTARG ;; w) W=$OPTARG ;; r) R=$OPTARG ;;
+    B) BIND=core ;;
     *) exit 2 ;;
     esac
 done
@@ -89,7 +95,12 @@ exec ip netns exec "$tag-h\$OMPI_COMM_WORLD_RANK" "\$@"
 WRAP
 chmod +x "$work/in-ns.sh"
 export PMIX_MCA_ptl_tcp_remote_connections=1 PMIX_MCA_ptl_tcp_if_include="$tag"
-mpi=(mpirun --allow-run-as-root --oversubscribe -np "$N" --bind-to none
+if [ "$BIND" = core ]; then
+    binding=(--map-by core:oversubscribe --bind-to core:overload-allowed)
+else
+    binding=(--bind-to none)
+fi
+mpi=(mpirun --allow-run-as-root --oversubscribe -np "$N" "${binding[@]}"
     --mca btl tcp,self --mca btl_tcp_if_include veth0 --mca oob_tcp_if_include $tag
     -x MASTER_ADDR=198.18.0.1 -x MASTER_PORT=29517)
 for v in FERROCE_BACKEND FERROCE_ENGINE FERROCE_ALLREDUCE_ALGO FERROCE_COLL_CHUNK FERROCE_COLL_SLOTS \
@@ -120,6 +131,7 @@ for round in $(seq 1 "$R"); do
 done
 cpusum() { awk -F, '/task-clock/ { s += $1 } END { if (s) printf "%.2f", s / 1e3; else printf "n/a" }' "$@" 2>/dev/null || echo n/a; }
 
+echo "## ranks bound: $BIND (mpirun ${binding[*]})"
 echo "## Open MPI $(mpirun --version | head -1 | awk '{print $NF}') MPI_Allreduce, btl tcp (round 1)"
 cat "$work/mpi.1.txt"
 echo

@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 use std::rc::Rc;
 
-use crate::dtype::{reduce_lower, reduce_upper, Element, ReduceOp};
+use crate::dtype::{reduce_into, reduce_lower, reduce_upper, Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -150,23 +150,46 @@ pub(crate) fn block(count: usize, n: usize, i: usize) -> Range<usize> {
 }
 
 /// Fold incoming bytes into `dst` bytes as `T`s (see
-/// [`Communicator::sendrecv_fold`]). `dst` comes from a `[T]`, so it is
-/// aligned; bytes that are not (a receive slot is, at chunk sizes that are
-/// multiples of 8) go through aligned copies rather than a panic.
-fn fold_bytes<T: Element>(op: ReduceOp, incoming_first: bool, dst: &mut [u8], src: &[u8]) {
-    let fold = |acc: &mut [T], other: &[T]| {
-        if incoming_first {
-            reduce_upper(op, acc, other)
-        } else {
-            reduce_lower(op, acc, other)
-        }
-    };
+/// [`Communicator::sendrecv_fold`]); with `local`, `dst` is overwritten by
+/// `local` folded with the incoming bytes (the out-of-place first step),
+/// in one pass rather than a copy of `local` and a fold. `dst` comes from a
+/// `[T]`, so it is aligned; bytes that are not (a receive slot is, at chunk
+/// sizes that are multiples of 8) go through aligned copies rather than a
+/// panic.
+fn fold_bytes<T: Element>(
+    op: ReduceOp,
+    incoming_first: bool,
+    dst: &mut [u8],
+    local: Option<&[u8]>,
+    src: &[u8],
+) {
     let copied;
     let other: &[T] = match bytemuck::try_cast_slice(src) {
         Ok(o) => o,
         Err(_) => {
             copied = aligned_copy::<T>(src);
             &copied
+        }
+    };
+    if let Some(local) = local {
+        if let (Ok(acc), Ok(mine)) = (
+            bytemuck::try_cast_slice_mut::<u8, T>(dst),
+            bytemuck::try_cast_slice::<u8, T>(local),
+        ) {
+            if incoming_first {
+                reduce_into(op, acc, other, mine)
+            } else {
+                reduce_into(op, acc, mine, other)
+            }
+            return;
+        }
+        dst.copy_from_slice(local);
+    }
+    let fold = |acc: &mut [T], other: &[T]| {
+        if incoming_first {
+            reduce_upper(op, acc, other)
+        } else {
+            reduce_lower(op, acc, other)
         }
     };
     match bytemuck::try_cast_slice_mut::<u8, T>(dst) {
@@ -325,11 +348,8 @@ impl<'t> Communicator<'t> {
         let sends = [(world(send.0)?, bytes(send.1))];
         let mut recvs = [(world(recv.0)?, bytes_mut(recv.1))];
         let mut fold = |at: usize, dst: &mut [u8], src: &[u8]| {
-            // A chunk's worth, still in cache when the fold reads it back.
-            if let Some(l) = local.and_then(|l| l.get(at..at + dst.len())) {
-                dst.copy_from_slice(l);
-            }
-            fold_bytes::<T>(op, incoming_first, dst, src)
+            let mine = local.and_then(|l| l.get(at..at + dst.len()));
+            fold_bytes::<T>(op, incoming_first, dst, mine, src)
         };
         self.transport.borrow_mut().exchange_fold(
             &sends,
@@ -671,15 +691,33 @@ mod tests {
             }
             // Aligned, then both sides one byte off a 4-byte boundary.
             let mut acc = acc0.clone();
-            fold_bytes::<f32>(ReduceOp::Sum, first, bytes_mut(&mut acc), bytes(&inc));
+            fold_bytes::<f32>(ReduceOp::Sum, first, bytes_mut(&mut acc), None, bytes(&inc));
             assert_eq!(acc, want);
+            // The local operand read from elsewhere: dst's old bytes do not count.
+            let mut out = vec![f32::NAN; 3];
+            fold_bytes::<f32>(
+                ReduceOp::Sum,
+                first,
+                bytes_mut(&mut out),
+                Some(bytes(&acc0)),
+                bytes(&inc),
+            );
+            assert_eq!(out, want);
             let (mut dw, mut sw) = ([0i32; 4], [0i32; 4]);
             let d = &mut bytes_mut(&mut dw)[1..13];
             d.copy_from_slice(bytes(&acc0));
             let s = &mut bytes_mut(&mut sw)[1..13];
             s.copy_from_slice(bytes(&inc));
-            fold_bytes::<f32>(ReduceOp::Sum, first, d, s);
+            fold_bytes::<f32>(ReduceOp::Sum, first, d, None, s);
             assert_eq!(&*d, bytes(&want));
+            // Unaligned everywhere, with a local operand (also unaligned).
+            let mut lw = [0i32; 4];
+            let l = &mut bytes_mut(&mut lw)[1..13];
+            l.copy_from_slice(bytes(&acc0));
+            let mut ow = [-1i32; 4];
+            let o = &mut bytes_mut(&mut ow)[1..13];
+            fold_bytes::<f32>(ReduceOp::Sum, first, o, Some(&*l), s);
+            assert_eq!(&*o, bytes(&want));
         }
     }
 }

@@ -268,6 +268,14 @@ pub fn reduce_upper<T: Element>(op: ReduceOp, acc: &mut [T], other: &[T]) {
     }
 }
 
+/// `dst[i] = lower[i] op upper[i]` (for a fold that also reads the local
+/// operand from elsewhere: one pass instead of a copy and a fold).
+pub fn reduce_into<T: Element>(op: ReduceOp, dst: &mut [T], lower: &[T], upper: &[T]) {
+    for ((d, a), b) in dst.iter_mut().zip(lower).zip(upper) {
+        *d = T::combine(op, *a, *b);
+    }
+}
+
 /// The last step of Avg: divide every element by `n` (no-op for other ops).
 pub fn finish<T: Element>(op: ReduceOp, buf: &mut [T], n: usize) {
     if op == ReduceOp::Avg {
