@@ -140,6 +140,7 @@ fn dummy_wc() -> WorkCompletion {
         qp_num: 0,
         src_qp: 0,
         grh: false,
+        ipv4: false,
         solicited: false,
     }
 }

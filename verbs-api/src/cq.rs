@@ -87,6 +87,11 @@ impl CompletionQueue {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// Completions ever queued here (a completion channel's arming fires on
+    /// the first one after it).
+    pub fn added(&self) -> u64 {
+        self.shared.engine.lock().core.cq_added(self.handle)
+    }
 
     /// Block until at least one completion is waiting or `timeout` passes
     /// (the completion-channel wait of ibverbs, without the fd).
@@ -136,6 +141,66 @@ impl CompletionQueue {
         }
     }
 
+    /// Block until a completion is waiting (in any CQ of the device), the
+    /// device moved any frames, or `timeout` passes: for a caller that also
+    /// polls memory or other CQs. A WRITE that lands in a region completes
+    /// nothing at its target, yet an application spinning on the region's
+    /// bytes between CQ polls (UCX's put latency test, perftest's WRITE
+    /// latency) waits for exactly that; and one polling several CQs in turn
+    /// (UCX) must not sleep on an empty one while another holds a completion.
+    /// [`wait`] would keep either asleep until the time-out.
+    ///
+    /// [`wait`]: CompletionQueue::wait
+    pub fn wait_progress(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let engine = &self.shared.engine;
+        self.shared.check_engine()?;
+        let seen = {
+            let inner = engine.lock();
+            if inner.core.completions_waiting() {
+                return Ok(());
+            }
+            engine.moved_steps()
+        };
+        match engine.mode {
+            EngineMode::Polling => {
+                if engine.step_now() == 0 && !engine.lock().core.completions_waiting() {
+                    let idle = engine.lock().idle_timeout();
+                    engine.wait_io(idle.min(timeout).min(Duration::from_micros(200)));
+                    engine.step_now();
+                }
+            }
+            EngineMode::Thread => {
+                let spin_until = Instant::now() + SPIN.min(timeout);
+                while Instant::now() < spin_until {
+                    // Frames moved by this thread's step or the engine thread's.
+                    let stepped = engine.try_step();
+                    if engine.moved_steps() != seen {
+                        return Ok(());
+                    }
+                    if stepped.is_none() {
+                        // The engine thread holds the device: on a shared
+                        // core, spinning would keep it from finishing.
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+                let inner = engine.lock();
+                if engine.moved_steps() != seen || inner.core.completions_waiting() {
+                    return Ok(());
+                }
+                // Steps count under the lock and notify after it: none is missed.
+                let left = deadline.saturating_duration_since(Instant::now());
+                let _unused = engine
+                    .progress
+                    .wait_timeout(inner, left)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+        }
+        self.shared.check_engine()
+    }
+
     /// Block until one of `cqs` (all of one device) holds a completion or
     /// `timeout` passes: a completion channel watching several CQs.
     pub fn wait_any(cqs: &[&CompletionQueue], timeout: Duration) -> Result<()> {
@@ -153,6 +218,48 @@ impl CompletionQueue {
             }
             let inner = engine.lock();
             if cqs.iter().any(|c| inner.core.cq_len(c.handle) > 0) {
+                return Ok(());
+            }
+            let slice = (deadline - now).min(Duration::from_millis(50));
+            match engine.mode {
+                EngineMode::Thread => {
+                    let _unused = engine
+                        .progress
+                        .wait_timeout(inner, slice)
+                        .unwrap_or_else(|p| p.into_inner());
+                }
+                EngineMode::Polling => {
+                    drop(inner);
+                    if engine.step_now() == 0 {
+                        engine.wait_io(slice.min(Duration::from_micros(200)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Block until one of `cqs` (all of one device), each given with a count
+    /// of [`added`](CompletionQueue::added) completions, has had one added
+    /// since, or `timeout` passes: the wait of a completion channel, whose
+    /// arming fires on new completions only.
+    pub fn wait_any_added(cqs: &[(&CompletionQueue, u64)], timeout: Duration) -> Result<()> {
+        let Some((first, _)) = cqs.first() else {
+            std::thread::sleep(timeout);
+            return Err(Error::Timeout(timeout, "a completion"));
+        };
+        let deadline = Instant::now() + timeout;
+        let engine = &first.shared.engine;
+        loop {
+            first.shared.check_engine()?;
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout(timeout, "a completion"));
+            }
+            let inner = engine.lock();
+            if cqs
+                .iter()
+                .any(|(c, since)| inner.core.cq_added(c.handle) > *since)
+            {
                 return Ok(());
             }
             let slice = (deadline - now).min(Duration::from_millis(50));

@@ -308,6 +308,9 @@ pub(crate) struct Engine {
     second_poll_fd: AtomicI32,
     /// When a step last ran, in ns since `born` (the keeper reads it).
     last_step_ns: AtomicU64,
+    /// Steps that moved frames, counted under the lock: a waiter that reads
+    /// it under the lock before sleeping on `progress` misses no step.
+    moved_steps: AtomicU64,
     /// The core clock's epoch.
     born: std::time::Instant,
 }
@@ -326,6 +329,7 @@ impl Engine {
             poll_fd,
             second_poll_fd,
             last_step_ns: AtomicU64::new(0),
+            moved_steps: AtomicU64::new(0),
             born,
         }
     }
@@ -360,6 +364,21 @@ impl Engine {
         }
     }
 
+    /// Steps that moved frames so far (see [`Engine::moved_steps`]; read it
+    /// under the lock to pair it with a wait on `progress`).
+    pub fn moved_steps(&self) -> u64 {
+        self.moved_steps.load(Ordering::Acquire)
+    }
+
+    /// Records a step's outcome under the lock: when it ran (for the keeper)
+    /// and whether it moved frames.
+    fn note_step(&self, inner: &Inner, moved: bool) {
+        if moved {
+            self.moved_steps.fetch_add(1, Ordering::Release);
+        }
+        self.mark_step(inner);
+    }
+
     /// Records for the keeper when `inner` last stepped.
     fn mark_step(&self, inner: &Inner) {
         let ns = inner
@@ -374,7 +393,7 @@ impl Engine {
         let r = {
             let mut inner = self.lock();
             let r = inner.step();
-            self.mark_step(&inner);
+            self.note_step(&inner, matches!(r, Ok(n) if n > 0));
             r
         };
         match r {
@@ -401,7 +420,7 @@ impl Engine {
             Err(std::sync::TryLockError::WouldBlock) => return None,
         };
         let r = inner.step();
-        self.mark_step(&inner);
+        self.note_step(&inner, matches!(r, Ok(n) if n > 0));
         match r {
             Ok(n) => {
                 drop(inner);
@@ -456,7 +475,12 @@ impl Engine {
             let (moved, idle, now) = {
                 let mut inner = self.lock();
                 match inner.step() {
-                    Ok(n) => (n, inner.idle_timeout(), inner.last_step()),
+                    Ok(n) => {
+                        if n > 0 {
+                            self.moved_steps.fetch_add(1, Ordering::Release);
+                        }
+                        (n, inner.idle_timeout(), inner.last_step())
+                    }
                     Err(e) => {
                         drop(inner);
                         self.fail(e.to_string());

@@ -16,6 +16,9 @@ pub(crate) struct Cq {
     entries: VecDeque<WorkCompletion>,
     /// Set once a completion was dropped for lack of room.
     pub overflowed: bool,
+    /// Completions ever queued: an arming (ibv_req_notify_cq) fires on the
+    /// first one after it, not on those already waiting.
+    added: u64,
 }
 
 /// The CQ had no room: the completion was dropped.
@@ -28,6 +31,7 @@ impl Cq {
             depth,
             entries: VecDeque::with_capacity(depth),
             overflowed: false,
+            added: 0,
         }
     }
     pub fn push(&mut self, wc: WorkCompletion) -> Result<(), Overflow> {
@@ -36,6 +40,7 @@ impl Cq {
             return Err(Overflow);
         }
         self.entries.push_back(wc);
+        self.added += 1;
         Ok(())
     }
     pub fn poll(&mut self, out: &mut [WorkCompletion]) -> usize {
@@ -50,5 +55,8 @@ impl Cq {
     }
     pub fn len(&self) -> usize {
         self.entries.len()
+    }
+    pub fn added(&self) -> u64 {
+        self.added
     }
 }

@@ -410,6 +410,19 @@ impl Core {
     }
 
     /// Completions waiting in a CQ.
+    /// Whether any CQ holds a completion.
+    pub fn completions_waiting(&self) -> bool {
+        self.cqs.iter().flatten().any(|c| c.len() > 0)
+    }
+
+    /// Completions ever queued on `cq` (0 for no such CQ).
+    pub fn cq_added(&self, cq: CqHandle) -> u64 {
+        match self.cqs.get(cq.0 as usize) {
+            Some(Some(c)) => c.added(),
+            _ => 0,
+        }
+    }
+
     pub fn cq_len(&self, cq: CqHandle) -> usize {
         match self.cqs.get(cq.0 as usize) {
             Some(Some(c)) => c.len(),

@@ -1000,6 +1000,7 @@ impl Qp {
         wc.imm_data = pkt.repr.ext.immdt.map(|i| i.imm);
         wc.src_qp = deth.src_qp;
         wc.grh = true;
+        wc.ipv4 = matches!(pkt.repr.ip, IpHeader::V4 { .. });
         wc.solicited = pkt.repr.bth.solicited;
         ctx.complete(self.recv_cq, wc);
         self.resp.has_cur = false;

@@ -191,6 +191,10 @@ pub struct WorkCompletion {
     pub src_qp: u32,
     /// UD: a 40-byte GRH area heads the receive buffer (IBV_WC_GRH).
     pub grh: bool,
+    /// UD: the packet came over IPv4, so the GRH area holds its IPv4 header
+    /// in its last 20 bytes; else over IPv6, the whole area (the kernel's
+    /// `ib_wc.network_hdr_type`, which `ibv_wc` has no field for).
+    pub ipv4: bool,
     /// Whether the message carried the solicited-event bit.
     pub solicited: bool,
 }
@@ -207,6 +211,7 @@ impl WorkCompletion {
             qp_num,
             src_qp: 0,
             grh: false,
+            ipv4: false,
             solicited: false,
         }
     }

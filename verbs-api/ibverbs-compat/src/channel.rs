@@ -1,12 +1,14 @@
-//! Completion channels (ibv_comp_channel). An event is a CQ that was armed
-//! by `ibv_req_notify_cq` and holds a completion; `ibv_get_cq_event` takes
-//! one (disarming it), waiting on the device's progress if there is none.
+//! Completion channels (ibv_comp_channel). An armed CQ (`ibv_req_notify_cq`)
+//! that gets a completion makes one event and is disarmed; the event waits
+//! in the channel until `ibv_get_cq_event` takes it, even if the program
+//! polled the CQ empty meanwhile, as rdma-core's do (UCX re-arms a CQ only
+//! after it got the event, and stalled when a drained CQ's event vanished).
 //!
 //! The channel's fd is an eventfd (semaphore mode) so programs may
 //! `poll(2)`/`epoll` it as they do rdma-core's: a notifier thread, started
-//! at the first arming, counts one on it when an armed CQ gets a completion.
-//! A count whose CQ was drained meanwhile makes a spurious wake-up (the
-//! program's `ibv_get_cq_event` then waits, or says EAGAIN if non-blocking).
+//! at the first arming, makes the events and counts one on the fd for each;
+//! taking an event takes its count, so the fd is readable exactly while
+//! events wait.
 
 use std::ffi::{c_int, c_void};
 use std::ptr;
@@ -30,6 +32,9 @@ pub struct FChannel {
     pub ibv: ffi::ibv_comp_channel,
     /// CQs created on this channel (addresses of FCq).
     cqs: Mutex<Vec<usize>>,
+    /// Events not taken yet (addresses of FCq), oldest first; each has one
+    /// count on the fd, written and read under this lock.
+    events: Mutex<std::collections::VecDeque<usize>>,
     /// Non-zero while the notifier looks at or waits on the CQs: a CQ being
     /// destroyed waits until it lets go (at most one watch slice).
     watching: AtomicUsize,
@@ -56,10 +61,19 @@ impl FChannel {
         lock(&self.cqs).push(cq);
     }
 
-    /// Forget a CQ being destroyed; returns once the notifier no longer uses it.
+    /// Forget a CQ being destroyed, and its events not taken; returns once
+    /// the notifier no longer uses it.
     pub fn remove_cq(&self, cq: usize) {
         self.removing.fetch_add(1, Ordering::AcqRel);
         lock(&self.cqs).retain(|&x| x != cq);
+        {
+            let mut ev = lock(&self.events);
+            let before = ev.len();
+            ev.retain(|&x| x != cq);
+            for _ in ev.len()..before {
+                self.uncount_one();
+            }
+        }
         while self.watching.load(Ordering::Acquire) != 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -88,7 +102,7 @@ impl FChannel {
         unsafe { libc::write(self.ibv.fd, &one as *const u64 as *const c_void, 8) };
     }
 
-    /// Take one count if there is one (never blocks).
+    /// Take one count (there is one for each queued event).
     fn uncount_one(&self) {
         if readable(self.ibv.fd, 0) {
             let mut v = 0u64;
@@ -97,9 +111,28 @@ impl FChannel {
         }
     }
 
-    /// The first armed CQ holding a completion, disarmed; and the armed,
-    /// empty ones (to wait on).
+    /// Queue an event for `cq` if it is armed (disarming it).
+    fn make_event(&self, cq: usize, q: &FCq) -> bool {
+        let mut ev = lock(&self.events);
+        if !q.armed.swap(false, Ordering::AcqRel) {
+            return false;
+        }
+        ev.push_back(cq);
+        self.count_one();
+        true
+    }
+
+    /// The oldest event; else an armed CQ holding a completion (the
+    /// notifier has not seen it yet), disarmed; and the armed, empty ones
+    /// (to wait on).
     fn take_event(&self) -> (Option<usize>, Vec<usize>) {
+        {
+            let mut ev = lock(&self.events);
+            if let Some(p) = ev.pop_front() {
+                self.uncount_one();
+                return (Some(p), Vec::new());
+            }
+        }
         let mut waiting = Vec::new();
         for &p in lock(&self.cqs).iter() {
             // SAFETY: CQs on the list are live.
@@ -107,7 +140,7 @@ impl FChannel {
             if !q.armed.load(Ordering::Acquire) {
                 continue;
             }
-            if !q.cq.is_empty() && q.armed.swap(false, Ordering::AcqRel) {
+            if q.fired() && q.armed.swap(false, Ordering::AcqRel) {
                 return (Some(p), waiting);
             }
             waiting.push(p);
@@ -127,13 +160,10 @@ impl FChannel {
             for &p in lock(&self.cqs).iter() {
                 // SAFETY: CQs on the list are live (remove_cq waits for us).
                 let q = unsafe { &*(p as *const FCq) };
-                if !q.armed.load(Ordering::Acquire) || q.hinted.load(Ordering::Acquire) {
+                if !q.armed.load(Ordering::Acquire) {
                     continue;
                 }
-                if !q.cq.is_empty() {
-                    q.hinted.store(true, Ordering::Release);
-                    self.count_one();
-                } else {
+                if !q.fired() || !self.make_event(p, q) {
                     watch.push(q);
                 }
             }
@@ -141,10 +171,12 @@ impl FChannel {
                 self.watching.store(0, Ordering::Release);
                 std::thread::park_timeout(WATCH_SLICE);
             } else {
-                let cqs: Vec<&ferroce_verbs::CompletionQueue> =
-                    watch.iter().map(|q| &q.cq).collect();
+                let cqs: Vec<(&ferroce_verbs::CompletionQueue, u64)> = watch
+                    .iter()
+                    .map(|q| (&q.cq, q.armed_at.load(Ordering::Acquire)))
+                    .collect();
                 if let Err(ferroce_verbs::Error::EngineStopped(_)) =
-                    ferroce_verbs::CompletionQueue::wait_any(&cqs, ARMED_SLICE)
+                    ferroce_verbs::CompletionQueue::wait_any_added(&cqs, ARMED_SLICE)
                 {
                     std::thread::sleep(WATCH_SLICE);
                 }
@@ -182,6 +214,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
             refcnt: 0,
         },
         cqs: Mutex::new(Vec::new()),
+        events: Mutex::new(std::collections::VecDeque::new()),
         watching: AtomicUsize::new(0),
         removing: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
@@ -235,7 +268,6 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     loop {
         let (event, waiting) = c.take_event();
         if let Some(p) = event {
-            c.uncount_one();
             // SAFETY: listed CQs are live; writable (caller).
             unsafe {
                 *cq_out = p as *mut ffi::ibv_cq;
@@ -250,20 +282,21 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             return -1;
         }
         if waiting.is_empty() {
-            // Nothing armed: wait for an arming's count (or look again soon).
-            if readable(c.ibv.fd, WATCH_SLICE.as_millis() as c_int) {
-                c.uncount_one();
-            }
+            // Nothing armed: wait for an event's count (or look again soon).
+            let _ = readable(c.ibv.fd, WATCH_SLICE.as_millis() as c_int);
             continue;
         }
         // SAFETY: armed CQs on the list are live (the application does not
         // destroy a CQ it is waiting for).
-        let cqs: Vec<&ferroce_verbs::CompletionQueue> = waiting
+        let cqs: Vec<(&ferroce_verbs::CompletionQueue, u64)> = waiting
             .iter()
-            .map(|&p| unsafe { &(*(p as *const FCq)).cq })
+            .map(|&p| {
+                let q = unsafe { &*(p as *const FCq) };
+                (&q.cq, q.armed_at.load(Ordering::Acquire))
+            })
             .collect();
         if let Err(ferroce_verbs::Error::EngineStopped(why)) =
-            ferroce_verbs::CompletionQueue::wait_any(&cqs, WATCH_SLICE)
+            ferroce_verbs::CompletionQueue::wait_any_added(&cqs, WATCH_SLICE)
         {
             eprintln!("ferroce libibverbs: {why}");
             set_errno(libc::EIO);

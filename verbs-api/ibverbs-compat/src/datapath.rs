@@ -351,6 +351,24 @@ unsafe extern "C" fn post_srq_recv(
     unsafe { post_recv_list(wr, bad, |w| s.srq.post_recv_partial(w)) }
 }
 
+/// `sl` of a UD receive over RoCE v2: there is no service level on Ethernet
+/// (rxe reports 0), and `ibv_wc` has no field for the network header type,
+/// so ConnectX (mlx5) providers report the RoCE packet type there: bit 3 set
+/// for a UDP (RoCE v2) frame, bits 2:0 its L3 header, 2 IPv4 or 1 IPv6. UCX
+/// before 1.18 reads the GRH area by it (openucx/ucx#6317, #10209), and with
+/// 0 takes every IPv4 datagram's area for an IPv6 header and drops it.
+const ROCE_V2_PKT: u8 = 0x8;
+const ROCE_PKT_IPV4: u8 = 0x2;
+const ROCE_PKT_IPV6: u8 = 0x1;
+
+fn ud_sl(w: &WorkCompletion) -> u8 {
+    match (w.grh, w.ipv4) {
+        (false, _) => 0,
+        (true, true) => ROCE_V2_PKT | ROCE_PKT_IPV4,
+        (true, false) => ROCE_V2_PKT | ROCE_PKT_IPV6,
+    }
+}
+
 /// ibv_wc from a ferroce completion.
 pub fn to_ibv_wc(w: &WorkCompletion) -> ffi::ibv_wc {
     let mut flags = 0;
@@ -386,7 +404,7 @@ pub fn to_ibv_wc(w: &WorkCompletion) -> ffi::ibv_wc {
         wc_flags: flags,
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        sl: ud_sl(w),
         dlid_path_bits: 0,
     }
 }
@@ -415,9 +433,12 @@ unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_w
             let empty = c.empty_polls.fetch_add(1, Ordering::Relaxed) + 1;
             if empty >= EMPTY_POLLS_BEFORE_WAIT {
                 // Still nothing after a run of empty polls: wait briefly on
-                // the engine's progress (woken by the next completion) so a
-                // spinning application leaves the CPU to the engine.
-                let _ = c.cq.wait(IDLE_WAIT);
+                // the engine's progress so a spinning application leaves the
+                // CPU to the engine. Woken by any frames moved, not only a
+                // completion: the application may be polling memory a WRITE
+                // lands in (UCX's put latency took 174 µs a message when
+                // this waited for a completion).
+                let _ = c.cq.wait_progress(IDLE_WAIT);
                 r = poll();
             } else {
                 std::thread::yield_now();
@@ -450,7 +471,7 @@ pub fn fill_cq_ex_ops(c: &mut ffi::ibv_cq_ex) {
     c.read_src_qp = Some(cq_ex_read_src_qp);
     c.read_wc_flags = Some(cq_ex_read_wc_flags);
     c.read_slid = Some(cq_ex_read_zero_u32);
-    c.read_sl = Some(cq_ex_read_zero_u8);
+    c.read_sl = Some(cq_ex_read_sl);
     c.read_dlid_path_bits = Some(cq_ex_read_zero_u8);
 }
 
@@ -519,7 +540,11 @@ unsafe extern "C" fn cq_ex_read_wc_flags(cq: *mut ffi::ibv_cq_ex) -> c_uint {
     // SAFETY: contract of the extended API.
     unsafe { current(cq) }.wc_flags
 }
-/// RoCE has no LIDs, SLs or path bits.
+unsafe extern "C" fn cq_ex_read_sl(cq: *mut ffi::ibv_cq_ex) -> u8 {
+    // SAFETY: contract of the extended API.
+    unsafe { current(cq) }.sl
+}
+/// RoCE has no LIDs or path bits.
 unsafe extern "C" fn cq_ex_read_zero_u32(_cq: *mut ffi::ibv_cq_ex) -> u32 {
     0
 }
@@ -532,7 +557,7 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ffi::ibv_cq, _solicited_only: c_int)
     // the application handles by polling, never a missed one.
     // SAFETY: a live CQ of this library (contract).
     let c = unsafe { fcq(cq) };
-    c.hinted.store(false, Ordering::Release);
+    c.armed_at.store(c.cq.added(), Ordering::Release);
     c.armed.store(true, Ordering::Release);
     if !c.ibv.channel.is_null() {
         // SAFETY: the channel outlives its CQs.
@@ -558,6 +583,7 @@ mod tests {
             qp_num: 17,
             src_qp: 0,
             grh: true,
+            ipv4: false,
             solicited: false,
         };
         let c = to_ibv_wc(&w);
@@ -569,6 +595,10 @@ mod tests {
         assert_eq!(imm.to_ne_bytes(), [1, 2, 3, 4]);
         assert_eq!(c.wc_flags, ffi::IBV_WC_WITH_IMM | ffi::IBV_WC_GRH);
         assert_eq!((c.wr_id, c.byte_len, c.qp_num), (9, 12, 17));
+        // A UD receive's sl is its RoCE packet type, as mlx5 reports it.
+        assert_eq!(c.sl, 0x9);
+        assert_eq!(to_ibv_wc(&WorkCompletion { ipv4: true, ..w }).sl, 0xa);
+        assert_eq!(to_ibv_wc(&WorkCompletion { grh: false, ..w }).sl, 0);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 // The C structs bindgen makes have no Debug (unions, function pointers).
 #![allow(missing_debug_implementations)]
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 pub use crate::channel::FChannel;
@@ -79,10 +79,12 @@ pub struct FMr {
 pub struct FCq {
     pub ibv: ffi::ibv_cq_ex,
     pub cq: CompletionQueue,
-    /// ibv_req_notify_cq was called and no event has been handed out since.
+    /// ibv_req_notify_cq was called and no event has been made since.
     pub armed: AtomicBool,
-    /// The channel's fd was counted for the current arming (see channel).
-    pub hinted: AtomicBool,
+    /// The CQ's count of completions ever added at that call: only a later
+    /// one makes the event (ibv_req_notify_cq(3): "upon the addition of a
+    /// new CQE").
+    pub armed_at: AtomicU64,
     pub events_acked: AtomicU32,
     pub users: AtomicUsize,
     /// Empty `poll_cq` calls in a row (see datapath).
@@ -90,6 +92,13 @@ pub struct FCq {
     /// The completion being read between start_poll and end_poll (the
     /// extended API is single-threaded per CQ, as rdma-core documents).
     pub current: std::cell::UnsafeCell<ffi::ibv_wc>,
+}
+
+impl FCq {
+    /// A completion was added since the CQ was armed.
+    pub fn fired(&self) -> bool {
+        self.cq.added() > self.armed_at.load(Ordering::Acquire)
+    }
 }
 
 /// ibv_srq.

@@ -130,7 +130,7 @@ pub unsafe extern "C" fn create_qp_ex(
     let qp = match b.build(&scq.cq, &rcq.cq) {
         Ok(q) => q,
         Err(e) => {
-            eprintln!("ferroce libibverbs: ibv_create_qp: {e}");
+            report_create_qp_error(&e);
             set_errno(errno_of(&e));
             return ptr::null_mut();
         }
@@ -432,5 +432,24 @@ unsafe fn mcast_call(
     match op(&q.qp, std::net::Ipv6Addr::from(raw)) {
         Ok(()) => 0,
         Err(e) => errno_of(&e),
+    }
+}
+
+/// Say why ibv_create_qp failed, but a capability over the device's limit
+/// only the first time: programs find `max_inline_data` by creating QPs
+/// with less and less until one is made (UCX: eight tries per QP, each an
+/// EINVAL rdma-core's providers return without a word).
+fn report_create_qp_error(e: &ferroce_verbs::Error) {
+    static LIMIT_SHOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let over_limit = matches!(
+        e,
+        ferroce_verbs::Error::Verbs(ferroce_stack::transport::VerbsError::OutOfRange { .. })
+    );
+    if !over_limit {
+        eprintln!("ferroce libibverbs: ibv_create_qp: {e}");
+    } else if !LIMIT_SHOWN.swap(true, Ordering::Relaxed) {
+        eprintln!(
+            "ferroce libibverbs: ibv_create_qp: {e} (EINVAL; later requests over a limit are not shown)"
+        );
     }
 }

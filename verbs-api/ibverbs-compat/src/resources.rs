@@ -250,7 +250,7 @@ fn new_cq(
         ibv,
         cq,
         armed: AtomicBool::new(false),
-        hinted: AtomicBool::new(false),
+        armed_at: std::sync::atomic::AtomicU64::new(0),
         events_acked: AtomicU32::new(0),
         users: AtomicUsize::new(0),
         empty_polls: AtomicU32::new(0),
