@@ -21,6 +21,10 @@ ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || need_rdma+=(libclang-dev)
 command -v ibv_rc_pingpong >/dev/null 2>&1 || need_rdma+=(ibverbs-utils)
 command -v ib_write_bw >/dev/null 2>&1 || need_rdma+=(perftest)
 command -v rping >/dev/null 2>&1 || need_rdma+=(rdmacm-utils)
+# ... and UCX (ucx_info, ucx_perftest) and Open MPI over UCX (mpirun, mpicc) over it.
+command -v ucx_perftest >/dev/null 2>&1 || need_rdma+=(ucx-utils)
+command -v mpirun >/dev/null 2>&1 || need_rdma+=(openmpi-bin)
+command -v mpicc >/dev/null 2>&1 || need_rdma+=(libopenmpi-dev)
 # collectives' rdma-core feature (sideway's rdma-mummy-sys builds its shim with cmake); its tests
 # build it on demand.
 command -v cmake >/dev/null 2>&1 || need_rdma+=(cmake)

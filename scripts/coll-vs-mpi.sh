@@ -30,7 +30,7 @@ done
 shift $((OPTIND - 1))
 [ "${1:-}" = "--" ] && shift
 [ "$(id -u)" = 0 ] || { echo "coll-vs-mpi: needs root (network namespaces)" >&2; exit 1; }
-# Open MPI is only for this comparison, so CI does not install it; fetch it here.
+# .ci/install-deps.sh installs Open MPI (for the drop-in library's tests); fetch it here if missing.
 if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then
     echo "coll-vs-mpi: installing openmpi-bin and libopenmpi-dev" >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev ||
