@@ -208,34 +208,9 @@ impl CompletionQueue {
             std::thread::sleep(timeout);
             return Err(Error::Timeout(timeout, "a completion"));
         };
-        let deadline = Instant::now() + timeout;
-        let engine = &first.shared.engine;
-        loop {
-            first.shared.check_engine()?;
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::Timeout(timeout, "a completion"));
-            }
-            let inner = engine.lock();
-            if cqs.iter().any(|c| inner.core.cq_len(c.handle) > 0) {
-                return Ok(());
-            }
-            let slice = (deadline - now).min(Duration::from_millis(50));
-            match engine.mode {
-                EngineMode::Thread => {
-                    let _unused = engine
-                        .progress
-                        .wait_timeout(inner, slice)
-                        .unwrap_or_else(|p| p.into_inner());
-                }
-                EngineMode::Polling => {
-                    drop(inner);
-                    if engine.step_now() == 0 {
-                        engine.wait_io(slice.min(Duration::from_micros(200)));
-                    }
-                }
-            }
-        }
+        first.wait_until(timeout, |core| {
+            cqs.iter().any(|c| core.cq_len(c.handle) > 0)
+        })
     }
 
     /// Block until one of `cqs` (all of one device), each given with a count
@@ -247,19 +222,29 @@ impl CompletionQueue {
             std::thread::sleep(timeout);
             return Err(Error::Timeout(timeout, "a completion"));
         };
+        first.wait_until(timeout, |core| {
+            cqs.iter()
+                .any(|(c, since)| core.cq_added(c.handle) > *since)
+        })
+    }
+
+    /// Block until `ready` holds of this CQ's device core (checked under the
+    /// lock the engine completes under) or `timeout` passes.
+    fn wait_until(
+        &self,
+        timeout: Duration,
+        ready: impl Fn(&ferroce_stack::transport::Core) -> bool,
+    ) -> Result<()> {
         let deadline = Instant::now() + timeout;
-        let engine = &first.shared.engine;
+        let engine = &self.shared.engine;
         loop {
-            first.shared.check_engine()?;
+            self.shared.check_engine()?;
             let now = Instant::now();
             if now >= deadline {
                 return Err(Error::Timeout(timeout, "a completion"));
             }
             let inner = engine.lock();
-            if cqs
-                .iter()
-                .any(|(c, since)| inner.core.cq_added(c.handle) > *since)
-            {
+            if ready(&inner.core) {
                 return Ok(());
             }
             let slice = (deadline - now).min(Duration::from_millis(50));

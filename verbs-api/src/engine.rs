@@ -364,8 +364,8 @@ impl Engine {
         }
     }
 
-    /// Steps that moved frames so far (see [`Engine::moved_steps`]; read it
-    /// under the lock to pair it with a wait on `progress`).
+    /// Steps that moved frames so far (read it under the lock to pair it
+    /// with a wait on `progress`).
     pub fn moved_steps(&self) -> u64 {
         self.moved_steps.load(Ordering::Acquire)
     }
