@@ -368,10 +368,16 @@ pub fn udp_port_filter(port: u16, qpn_prefix: Option<u8>) -> Vec<libc::sock_filt
     prog
 }
 
+/// Empty receives between two looks at the socket's pending error
+/// ([`AfPacketIo::check_link`]): one system call per 256 empty polls.
+const LINK_CHECK_EVERY: u32 = 256;
+
 /// The AF_PACKET backend.
 #[derive(Debug)]
 pub struct AfPacketIo {
     rx_fd: OwnedFd,
+    /// Receives in a row that found nothing (see [`AfPacketIo::check_link`]).
+    empty_recvs: u32,
     tx_fd: OwnedFd,
     rx_ring: Mmap,
     tx_ring: Mmap,
@@ -761,6 +767,7 @@ impl AfPacketIo {
         Ok(AfPacketIo {
             mcast: Memberships::new(ifindex, None, None),
             rx_fd,
+            empty_recvs: 0,
             tx_fd,
             rx_ring,
             tx_ring,
@@ -788,6 +795,96 @@ impl AfPacketIo {
             kernel_drops: Cell::new(0),
             cfg,
         })
+    }
+
+    /// TPACKET_V3: frames from the blocks the kernel handed over.
+    fn recv_v3(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {
+        let bs = self.cfg.rx_block_size;
+        let mut n = 0;
+        while n < max {
+            let base = self.rx_block * bs;
+            let status = self.rx_ring.read_u32(base + BD_BLOCK_STATUS);
+            if status & TP_STATUS_USER == 0 {
+                break;
+            }
+            let num = self.rx_ring.read_u32(base + BD_NUM_PKTS);
+            if self.rx_pkt == 0 {
+                self.rx_off = self.rx_ring.read_u32(base + BD_OFFSET_TO_FIRST_PKT) as usize;
+            }
+            while self.rx_pkt < num && n < max {
+                let hdr = base + self.rx_off;
+                if self.rx_off >= bs {
+                    break; // corrupt offset: give the block back
+                }
+                let snaplen = self.rx_ring.read_u32(hdr + T3_SNAPLEN) as usize;
+                let pstatus = self.rx_ring.read_u32(hdr + T3_STATUS);
+                let mac_off = usize::from(self.rx_ring.read_u16(hdr + T3_MAC));
+                let next = self.rx_ring.read_u32(hdr + T3_NEXT_OFFSET) as usize;
+                let vlan = (pstatus & TP_STATUS_VLAN_VALID != 0).then(|| {
+                    let tpid = if pstatus & TP_STATUS_VLAN_TPID_VALID != 0 {
+                        self.rx_ring.read_u16(hdr + T3_VLAN_TPID)
+                    } else {
+                        0x8100
+                    };
+                    (tpid, self.rx_ring.read_u32(hdr + T3_VLAN_TCI) as u16)
+                });
+                let pending = self.pending(hdr, mac_off, pstatus);
+                if let Some(f) = self.rx_ring.slice_mut(hdr + mac_off, snaplen) {
+                    let (frames, len) = deliver(f, vlan, pending, &mut self.scratch, sink);
+                    self.count_rx(frames, len);
+                    n += frames.max(1);
+                } else {
+                    self.stats.rx_dropped += 1;
+                }
+                self.rx_pkt += 1;
+                if next == 0 {
+                    self.rx_pkt = num;
+                }
+                self.rx_off += next;
+            }
+            if self.rx_pkt >= num || self.rx_off >= bs {
+                // Block done: hand it back to the kernel.
+                fence(Ordering::Release);
+                if let Some(a) = self.rx_ring.atomic_u32(base + BD_BLOCK_STATUS) {
+                    a.store(TP_STATUS_KERNEL, Ordering::Release);
+                }
+                self.rx_block = (self.rx_block + 1) % self.cfg.rx_blocks;
+                self.rx_pkt = 0;
+                self.rx_off = 0;
+            }
+        }
+        Ok(n)
+    }
+
+    /// A removed interface leaves its error on the socket (`ENETDOWN`), and
+    /// with the rings nothing ever reads it: `poll` said "error" at once for
+    /// ever and the engine thread spun at full speed (found with a device
+    /// whose namespace went away). Reading `SO_ERROR` clears it; a socket the
+    /// kernel unbound (ifindex -1: the interface is gone) fails the backend,
+    /// as rxe's device goes with its netdev. A link that is only down keeps
+    /// the device (its frames resume when it comes back up).
+    fn check_link(&mut self) -> Result<(), NicError> {
+        let fd = self.rx_fd.as_raw_fd();
+        let err: libc::c_int = sys::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, "SO_ERROR")?;
+        if err == 0 {
+            return Ok(());
+        }
+        // SAFETY: zeroed sockaddr_ll is a valid out-buffer of its length.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+        // SAFETY: sll has room for len bytes; the kernel updates len.
+        let r =
+            unsafe { libc::getsockname(fd, (&mut sll as *mut libc::sockaddr_ll).cast(), &mut len) };
+        if r == 0 && sll.sll_ifindex <= 0 {
+            return Err(NicError::Sys {
+                op: format!(
+                    "AF_PACKET socket on {}: the interface is gone",
+                    self.cfg.ifname
+                ),
+                source: std::io::Error::from_raw_os_error(err),
+            });
+        }
+        Ok(())
     }
 
     fn tx_slots(&self) -> usize {
@@ -1182,61 +1279,17 @@ impl PacketIo for AfPacketIo {
     }
 
     fn recv(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {
-        if self.cfg.rx_ring == RxRing::V2 {
-            return Ok(self.recv_v2(max, sink));
-        }
-        let bs = self.cfg.rx_block_size;
-        let mut n = 0;
-        while n < max {
-            let base = self.rx_block * bs;
-            let status = self.rx_ring.read_u32(base + BD_BLOCK_STATUS);
-            if status & TP_STATUS_USER == 0 {
-                break;
-            }
-            let num = self.rx_ring.read_u32(base + BD_NUM_PKTS);
-            if self.rx_pkt == 0 {
-                self.rx_off = self.rx_ring.read_u32(base + BD_OFFSET_TO_FIRST_PKT) as usize;
-            }
-            while self.rx_pkt < num && n < max {
-                let hdr = base + self.rx_off;
-                if self.rx_off >= bs {
-                    break; // corrupt offset: give the block back
-                }
-                let snaplen = self.rx_ring.read_u32(hdr + T3_SNAPLEN) as usize;
-                let pstatus = self.rx_ring.read_u32(hdr + T3_STATUS);
-                let mac_off = usize::from(self.rx_ring.read_u16(hdr + T3_MAC));
-                let next = self.rx_ring.read_u32(hdr + T3_NEXT_OFFSET) as usize;
-                let vlan = (pstatus & TP_STATUS_VLAN_VALID != 0).then(|| {
-                    let tpid = if pstatus & TP_STATUS_VLAN_TPID_VALID != 0 {
-                        self.rx_ring.read_u16(hdr + T3_VLAN_TPID)
-                    } else {
-                        0x8100
-                    };
-                    (tpid, self.rx_ring.read_u32(hdr + T3_VLAN_TCI) as u16)
-                });
-                let pending = self.pending(hdr, mac_off, pstatus);
-                if let Some(f) = self.rx_ring.slice_mut(hdr + mac_off, snaplen) {
-                    let (frames, len) = deliver(f, vlan, pending, &mut self.scratch, sink);
-                    self.count_rx(frames, len);
-                    n += frames.max(1);
-                } else {
-                    self.stats.rx_dropped += 1;
-                }
-                self.rx_pkt += 1;
-                if next == 0 {
-                    self.rx_pkt = num;
-                }
-                self.rx_off += next;
-            }
-            if self.rx_pkt >= num || self.rx_off >= bs {
-                // Block done: hand it back to the kernel.
-                fence(Ordering::Release);
-                if let Some(a) = self.rx_ring.atomic_u32(base + BD_BLOCK_STATUS) {
-                    a.store(TP_STATUS_KERNEL, Ordering::Release);
-                }
-                self.rx_block = (self.rx_block + 1) % self.cfg.rx_blocks;
-                self.rx_pkt = 0;
-                self.rx_off = 0;
+        let n = if self.cfg.rx_ring == RxRing::V2 {
+            self.recv_v2(max, sink)
+        } else {
+            self.recv_v3(max, sink)?
+        };
+        if n > 0 {
+            self.empty_recvs = 0;
+        } else {
+            self.empty_recvs = self.empty_recvs.wrapping_add(1);
+            if self.empty_recvs % LINK_CHECK_EVERY == 0 {
+                self.check_link()?;
             }
         }
         Ok(n)

@@ -1,0 +1,49 @@
+//! AF_PACKET when its interface goes away: the backend fails with an error
+//! that says so, rather than leaving the kernel's error on its socket, which
+//! made every `poll` return at once and an idle engine thread spin.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+#[test]
+fn a_removed_interface_fails_the_backend() {
+    if !root_or_skip("afpacket removed interface") {
+        return;
+    }
+    for (ring, open) in [
+        ("V3", raw_afpacket as fn(&str) -> Io),
+        ("V2", raw_afpacket_v2),
+    ] {
+        let t = topo();
+        let ifname = t.host(0).ifname.clone();
+        let name = ifname.clone();
+        let mut io: Io = t.run_in(0, move || open(&name)).unwrap();
+        // Idle: a poll sleeps its whole time-out.
+        let t0 = Instant::now();
+        let ready =
+            ferroce_nic::wait_readable_any(&[io.poll_fd()], Some(Duration::from_millis(50)));
+        assert!(
+            matches!(ready, Ok(false)) && t0.elapsed() >= Duration::from_millis(40),
+            "{ring}: an idle socket polled ready ({ready:?})"
+        );
+        let del = t.command(0, "ip").args(["link", "del", &ifname]).status();
+        assert!(del.is_ok_and(|s| s.success()), "ip link del {ifname}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let why = loop {
+            assert!(
+                Instant::now() < deadline,
+                "{ring}: still no error 5 s after the interface went away"
+            );
+            let _ =
+                ferroce_nic::wait_readable_any(&[io.poll_fd()], Some(Duration::from_millis(20)));
+            match io.recv(64, &mut |_: &[u8]| ()) {
+                Ok(_) => continue,
+                Err(e) => break e.to_string(),
+            }
+        };
+        assert!(why.contains("the interface is gone"), "{ring}: {why}");
+    }
+}
