@@ -1288,7 +1288,7 @@ impl PacketIo for AfPacketIo {
             self.empty_recvs = 0;
         } else {
             self.empty_recvs = self.empty_recvs.wrapping_add(1);
-            if self.empty_recvs % LINK_CHECK_EVERY == 0 {
+            if self.empty_recvs.is_multiple_of(LINK_CHECK_EVERY) {
                 self.check_link()?;
             }
         }
