@@ -11,6 +11,9 @@ use crate::error::{Error, Result};
 
 /// How long `wait` polls the device itself before sleeping.
 const SPIN: Duration = Duration::from_micros(30);
+/// A CQ counts as polled by the application if one of its last this many
+/// polls (of any CQ of the device) was of it (see [`CompletionQueue::wait_progress`]).
+pub const POLLED_WINDOW: u64 = 64;
 
 /// A completion queue of fixed depth; overflow is an async error event, as in ibverbs.
 #[derive(Debug)]
@@ -62,6 +65,7 @@ impl CompletionQueue {
         }
         self.shared.check_engine()?;
         let mut inner = engine.lock();
+        inner.core.note_cq_poll(self.handle);
         let mut n = 0;
         while n < max {
             match inner.core.poll_cq_one(self.handle) {
@@ -141,7 +145,8 @@ impl CompletionQueue {
         }
     }
 
-    /// Block until a completion is waiting (in any CQ of the device), the
+    /// Block until a completion is waiting (in a CQ of the device that the
+    /// application polls: one of its last [`POLLED_WINDOW`] polls), the
     /// device moved any frames, or `timeout` passes: for a caller that also
     /// polls memory or other CQs. A WRITE that lands in a region completes
     /// nothing at its target, yet an application spinning on the region's
@@ -157,14 +162,19 @@ impl CompletionQueue {
         self.shared.check_engine()?;
         let seen = {
             let inner = engine.lock();
-            if inner.core.completions_waiting() {
+            if inner.core.completions_waiting_in_polled(POLLED_WINDOW) {
                 return Ok(());
             }
             engine.moved_steps()
         };
         match engine.mode {
             EngineMode::Polling => {
-                if engine.step_now() == 0 && !engine.lock().core.completions_waiting() {
+                if engine.step_now() == 0
+                    && !engine
+                        .lock()
+                        .core
+                        .completions_waiting_in_polled(POLLED_WINDOW)
+                {
                     let idle = engine.lock().idle_timeout();
                     engine.wait_io(idle.min(timeout).min(Duration::from_micros(200)));
                     engine.step_now();
@@ -187,7 +197,9 @@ impl CompletionQueue {
                     }
                 }
                 let inner = engine.lock();
-                if engine.moved_steps() != seen || inner.core.completions_waiting() {
+                if engine.moved_steps() != seen
+                    || inner.core.completions_waiting_in_polled(POLLED_WINDOW)
+                {
                     return Ok(());
                 }
                 // Steps count under the lock and notify after it: none is missed.

@@ -19,6 +19,8 @@ pub(crate) struct Cq {
     /// Completions ever queued: an arming (ibv_req_notify_cq) fires on the
     /// first one after it, not on those already waiting.
     added: u64,
+    /// The device's poll count at this CQ's last poll (Core::note_cq_poll).
+    pub polled_at: u64,
 }
 
 /// The CQ had no room: the completion was dropped.
@@ -32,6 +34,7 @@ impl Cq {
             entries: VecDeque::with_capacity(depth),
             overflowed: false,
             added: 0,
+            polled_at: 0,
         }
     }
     pub fn push(&mut self, wc: WorkCompletion) -> Result<(), Overflow> {

@@ -229,6 +229,8 @@ pub struct Core {
     pds: Vec<bool>,
     mrs: MrTable,
     cqs: Vec<Option<Cq>>,
+    /// Polls of any CQ so far ([`Core::note_cq_poll`]).
+    cq_polls: u64,
     srqs: Vec<Option<Srq>>,
     qps: Vec<Option<Box<Qp>>>,
     free_qps: Vec<u32>,
@@ -271,6 +273,7 @@ impl Core {
             pds: Vec::new(),
             mrs: MrTable::default(),
             cqs: Vec::new(),
+            cq_polls: 0,
             srqs: Vec::new(),
             qps: Vec::new(),
             free_qps: Vec::new(),
@@ -409,10 +412,26 @@ impl Core {
         self.cqs.get_mut(cq.0 as usize)?.as_mut()?.pop()
     }
 
-    /// Completions waiting in a CQ.
-    /// Whether any CQ holds a completion.
-    pub fn completions_waiting(&self) -> bool {
-        self.cqs.iter().flatten().any(|c| c.len() > 0)
+    /// Records a poll of `cq` by the application (whether or not it found
+    /// anything), for [`Core::completions_waiting_in_polled`].
+    pub fn note_cq_poll(&mut self, cq: CqHandle) {
+        self.cq_polls += 1;
+        let n = self.cq_polls;
+        if let Some(Some(c)) = self.cqs.get_mut(cq.0 as usize) {
+            c.polled_at = n;
+        }
+    }
+
+    /// Whether a CQ the application polls (one of its last `window` polls
+    /// was of it) holds a completion: a program polling several CQs in turn
+    /// has work there, while one it looks at now and then (perftest's send
+    /// CQ, polled every hundredth message) says nothing about now.
+    pub fn completions_waiting_in_polled(&self, window: u64) -> bool {
+        let now = self.cq_polls;
+        self.cqs
+            .iter()
+            .flatten()
+            .any(|c| c.len() > 0 && now - c.polled_at <= window)
     }
 
     /// Completions ever queued on `cq` (0 for no such CQ).
