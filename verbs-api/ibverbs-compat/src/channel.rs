@@ -122,9 +122,9 @@ impl FChannel {
         true
     }
 
-    /// The oldest event; else an armed CQ holding a completion (the
-    /// notifier has not seen it yet), disarmed; and the armed, empty ones
-    /// (to wait on).
+    /// The oldest event; else an armed CQ that got a completion since its
+    /// arming (the notifier has not seen it yet), disarmed; and the armed
+    /// ones without (to wait on).
     fn take_event(&self) -> (Option<usize>, Vec<usize>) {
         {
             let mut ev = lock(&self.events);

@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{backend, can_run, lib_dir, wait, wait_listening};
+use common::{backend, can_run, lib_dir, serve_and_run, wait};
 use ferroce_nic::netns::Topology;
 
 const T: Duration = Duration::from_secs(90);
@@ -84,31 +84,13 @@ fn ucx_command(topo: &Topology, i: usize, program: &str, args: &[&str]) -> Comma
 fn perftest(topo: &Topology, env: &[(&str, &str)], args: &[&str]) -> String {
     let mut server = ucx_command(topo, 1, "ucx_perftest", &[]);
     server.envs(env.iter().copied());
-    let server = server.spawn().expect("spawn ucx_perftest server");
-    wait_listening(topo, 1, UCX_PORT);
     let ip = topo.host(1).ipv4.to_string();
     let mut cargs = vec![ip.as_str()];
     cargs.extend_from_slice(args);
     let mut client = ucx_command(topo, 0, "ucx_perftest", &cargs);
     client.envs(env.iter().copied());
-    let (c, ct) = wait(client.spawn().expect("spawn ucx_perftest client"), T);
-    let (s, st) = wait(server, Duration::from_secs(20));
-    let text = |o: &std::process::Output| {
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    };
-    let (ctext, stext) = (text(&c), text(&s));
-    assert!(
-        !ct && !st && c.status.success() && s.status.success(),
-        "ucx_perftest {env:?} {args:?} failed (client {}{}, server {}{})\n--- client:\n{ctext}\n--- server:\n{stext}",
-        c.status,
-        if ct { " timed out" } else { "" },
-        s.status,
-        if st { " timed out" } else { "" },
-    );
+    let what = format!("ucx_perftest {env:?} {args:?}");
+    let (_, ctext) = serve_and_run(topo, server, UCX_PORT, client, T, &what);
     assert!(ctext.contains("Final:"), "{args:?}: {ctext}");
     ctext
 }

@@ -130,16 +130,37 @@ pub fn pair_from(
     args: &[&str],
     t: Duration,
 ) -> (String, String) {
-    let server = tool(topo, 1, program, args).spawn().expect("spawn server");
-    wait_listening(topo, 1, PORT);
+    let server = tool(topo, 1, program, args);
     let ip = topo.host(1).ipv4.to_string();
     let mut cargs: Vec<&str> = args.to_vec();
     cargs.push(&ip);
-    let client = tool(topo, client, program, &cargs)
-        .spawn()
-        .expect("spawn client");
+    let client = tool(topo, client, program, &cargs);
+    serve_and_run(
+        topo,
+        server,
+        PORT,
+        client,
+        t,
+        &format!("{program} {args:?}"),
+    )
+}
+
+/// Start `server` (on host 1), wait until it listens on TCP `port`, run
+/// `client`; the client must exit 0 within `t` and the server 20 s after.
+/// Returns (server stdout+stderr, client stdout+stderr).
+pub fn serve_and_run(
+    topo: &Topology,
+    mut server: Command,
+    port: u16,
+    mut client: Command,
+    t: Duration,
+    what: &str,
+) -> (String, String) {
+    let server = server.spawn().expect("spawn server");
+    wait_listening(topo, 1, port);
+    let client = client.spawn().expect("spawn client");
     let (c, ct) = wait(client, t);
-    let (s, st) = wait(server, Duration::from_secs(10));
+    let (s, st) = wait(server, Duration::from_secs(20));
     let text = |o: &Output| {
         format!(
             "{}{}",
@@ -150,7 +171,7 @@ pub fn pair_from(
     let (stext, ctext) = (text(&s), text(&c));
     assert!(
         !ct && !st && c.status.success() && s.status.success(),
-        "{program} {args:?} failed (client {}{}, server {}{})\n--- client:\n{ctext}\n--- server:\n{stext}",
+        "{what} failed (client {}{}, server {}{})\n--- client:\n{ctext}\n--- server:\n{stext}",
         c.status,
         if ct { " timed out" } else { "" },
         s.status,
