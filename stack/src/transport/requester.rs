@@ -2,9 +2,10 @@
 //!
 //! One packet per call. A WQE is started (PSNs assigned) when the fence, the
 //! READ/atomic credit (max_rd_atomic) and the window of unacknowledged PSNs
-//! allow; SEND/WRITE are cut into path-MTU packets with AckReq on the last
-//! and every [`ACK_EVERY`] packets; a READ takes one request packet and as
-//! many PSNs as it will have responses.
+//! allow; SEND/WRITE are cut into path-MTU packets with AckReq on the last,
+//! every [`ACK_EVERY`] packets and on the one that fills the window, which
+//! holds before every packet, inside a message too; a READ takes one request
+//! packet and as many PSNs as it will have responses.
 
 use crate::wire::{atomic_eth, deth, ieth, immdt, reth, ExtHeaders, Opcode, PacketRepr};
 
@@ -100,7 +101,14 @@ impl Qp {
                         None => return None,
                     }
                 }
-                WqeState::Processing => {}
+                WqeState::Processing => {
+                    // The window holds inside a message too, as rxe checks it
+                    // before every packet: an 8 MiB WRITE sent whole into a
+                    // TCG VM overflowed its receive queue and went out ~3 times.
+                    if self.window_full(ctx) {
+                        return None;
+                    }
+                }
             }
             return self.emit_request(idx, buf, ctx);
         }
@@ -123,8 +131,7 @@ impl Qp {
             if op.is_read_or_atomic() && self.req.rd_atomic >= self.attr.max_rd_atomic {
                 return Some(Start::Wait);
             }
-            // A bounded window of unacknowledged PSNs (rxe: RXE_MAX_UNACKED_PSNS).
-            if psn::diff(self.req.psn, self.req.comp_psn) >= ctx.cfg.max_unacked_psns as i32 {
+            if self.window_full(ctx) {
                 return Some(Start::Wait);
             }
         }
@@ -149,6 +156,13 @@ impl Qp {
             self.req.rd_atomic += 1;
         }
         Some(Start::Go)
+    }
+
+    /// An RC requester has as many PSNs out unacknowledged as it may
+    /// (rxe: RXE_MAX_UNACKED_PSNS).
+    fn window_full(&self, ctx: &Ctx<'_>) -> bool {
+        self.qp_type == QpType::Rc
+            && psn::diff(self.req.psn, self.req.comp_psn) >= ctx.cfg.max_unacked_psns as i32
     }
 
     fn emit_request(&mut self, idx: u64, buf: &mut [u8], ctx: &mut Ctx<'_>) -> Option<usize> {
@@ -256,8 +270,14 @@ impl Qp {
         }
         repr.bth.opcode = request_opcode(self.qp_type, &op, first, last);
         repr.bth.solicited = last && flags.solicited;
+        // The packet that fills the window asks too, else with a window
+        // that is no multiple of ACK_EVERY the requester would wait for its
+        // ACK time-out.
+        let fills_window = psn::diff(psn::add(psn_now, consumed), self.req.comp_psn)
+            >= ctx.cfg.max_unacked_psns as i32;
         let want_ack = (last && self.ack_wanted(&op, flags.signaled, ctx))
-            || self.req.noack_pkts + 1 >= ACK_EVERY;
+            || self.req.noack_pkts + 1 >= ACK_EVERY
+            || fills_window;
         repr.bth.ack_req = self.qp_type == QpType::Rc && want_ack;
         repr.ext = ext;
 

@@ -53,21 +53,32 @@ impl Pair {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(Config::default().max_unacked_psns);
-        let mut net = Network::with_config(
-            2,
-            link,
-            seed,
-            Config {
-                max_unacked_psns: window,
-                // Soak the responder's ACK coalescing too:
-                // FERROCE_ACK_DELAY_US=<µs> (off by default).
-                ack_delay: std::env::var("FERROCE_ACK_DELAY_US")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .map(std::time::Duration::from_micros),
-                ..Config::default()
-            },
-        );
+        let core = Config {
+            max_unacked_psns: window,
+            // Soak the responder's ACK coalescing too:
+            // FERROCE_ACK_DELAY_US=<µs> (off by default).
+            ack_delay: std::env::var("FERROCE_ACK_DELAY_US")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map(std::time::Duration::from_micros),
+            ..Config::default()
+        };
+        Pair::with_core(t, link, seed, cfg, mem, npairs, psn, core)
+    }
+
+    /// [`Pair::with`] with both cores built from `core`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_core(
+        t: QpType,
+        link: LinkConfig,
+        seed: u64,
+        cfg: ConnectCfg,
+        mem: usize,
+        npairs: usize,
+        psn: (u32, u32),
+        core: Config,
+    ) -> Pair {
+        let mut net = Network::with_config(2, link, seed, core);
         let mut nodes = Vec::new();
         for i in 0..2 {
             let c = &mut net.cores[i];
