@@ -40,6 +40,10 @@ pub(super) const CHUNK: usize = 4096;
 /// (include/uapi/linux/bpf.h), so without XDP_USE_SG a frame can be at most
 /// `CHUNK - XDP_PACKET_HEADROOM` bytes.
 const XDP_PACKET_HEADROOM: usize = 256;
+/// Empty receives between two looks at whether the socket is still bound
+/// ([`AfXdpIo::check_link`]): one system call per 64 empty polls, about
+/// 1.3 s for an idle engine waking every 20 ms.
+const LINK_CHECK_EVERY: u32 = 64;
 /// Chunks per TX slot: 3 × 4 KiB holds a 9018-byte frame contiguously.
 pub(super) const TX_SLOT_CHUNKS: usize = 3;
 
@@ -113,6 +117,9 @@ pub struct AfXdpIo {
     mtu: usize,
     mode: &'static str,
     next_rx: usize,
+    /// Receives in a row that found nothing (see [`AfXdpIo::check_link`]).
+    empty_recvs: u32,
+    ifname: String,
     stats: Stats,
     busy_poll: bool,
     /// Multicast groups joined on the interface (frames arrive on the ring).
@@ -266,10 +273,45 @@ impl AfXdpIo {
             mtu,
             mode,
             next_rx: 0,
+            empty_recvs: 0,
+            ifname: cfg.ifname.clone(),
             stats: Stats::default(),
             busy_poll: false,
             share,
         })
+    }
+
+    /// When its interface is removed the kernel unbinds an XDP socket
+    /// (NETDEV_UNREGISTER) and its `poll` never reports anything again, so
+    /// the engine slept for ever and the application waited on completions
+    /// that could not come. A receive call on an unbound socket fails with
+    /// ENXIO (a link that is only down gives ENETDOWN and keeps the device:
+    /// its frames resume when it comes back up), as rxe's device goes with
+    /// its netdev.
+    fn check_link(&mut self) -> Result<(), NicError> {
+        let Some(x) = self.xsks.first() else {
+            return Ok(());
+        };
+        // SAFETY: zero-length non-blocking recvfrom on our own socket.
+        let r = unsafe {
+            libc::recvfrom(
+                x.fd.as_raw_fd(),
+                std::ptr::null_mut(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        self.stats.syscalls += 1;
+        let err = std::io::Error::last_os_error();
+        if r < 0 && err.raw_os_error() == Some(libc::ENXIO) {
+            return Err(NicError::Sys {
+                op: format!("AF_XDP socket on {}: the interface is gone", self.ifname),
+                source: err,
+            });
+        }
+        Ok(())
     }
 
     /// `"drv"` or `"skb"`: the XDP mode actually attached.
@@ -390,6 +432,14 @@ impl PacketIo for AfXdpIo {
             }
         }
         self.next_rx = (self.next_rx + 1) % nq.max(1);
+        if n > 0 {
+            self.empty_recvs = 0;
+        } else {
+            self.empty_recvs = self.empty_recvs.wrapping_add(1);
+            if self.empty_recvs.is_multiple_of(LINK_CHECK_EVERY) {
+                self.check_link()?;
+            }
+        }
         Ok(n)
     }
 

@@ -1,6 +1,8 @@
-//! AF_PACKET when its interface goes away: the backend fails with an error
-//! that says so, rather than leaving the kernel's error on its socket, which
-//! made every `poll` return at once and an idle engine thread spin.
+//! AF_PACKET and AF_XDP when their interface goes away: the backend fails
+//! with an error that says so. AF_PACKET left the kernel's error on its
+//! socket, which made every `poll` return at once and an idle engine thread
+//! spin; an unbound AF_XDP socket never polled ready again, so the engine
+//! slept and the application waited for ever.
 
 mod common;
 
@@ -16,6 +18,7 @@ fn a_removed_interface_fails_the_backend() {
     for (ring, open) in [
         ("V3", raw_afpacket as fn(&str) -> Io),
         ("V2", raw_afpacket_v2),
+        ("AF_XDP", raw_afxdp),
     ] {
         let t = topo();
         let ifname = t.host(0).ifname.clone();
