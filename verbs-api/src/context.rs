@@ -71,6 +71,9 @@ pub(crate) struct Shared {
     /// UDP backend: the port the kernel socket sends from. The ICRC covers
     /// the UDP source port, so frames must be built with this one.
     pub udp_sport: Option<u16>,
+    /// UDP backend: the address its socket is bound to; it sends from that
+    /// address only, so only that GID can be a source.
+    pub udp_local: Option<SocketAddr>,
     /// Raw backend: the UDP sockets peers on this host reach it through
     /// (`ferroce_nic::local_peers`); frames to them are built for these.
     pub local_peers: Vec<SocketAddr>,
@@ -178,6 +181,7 @@ impl Context {
         if let Some(s) = Arc::get_mut(&mut ctx.shared) {
             s.netns = cfg.netns.clone();
             s.udp_sport = opened.udp_local.map(|a| a.port());
+            s.udp_local = opened.udp_local;
             s.local_peers = opened.local_peers;
         }
         Ok(ctx)
@@ -286,6 +290,7 @@ impl Context {
                 ifname: iface.map(|i| i.name.clone()),
                 netns: None,
                 udp_sport: None,
+                udp_local: None,
                 local_peers: Vec::new(),
                 attr,
                 // Page-aligned, far from zero, like a user-space heap address.
@@ -415,7 +420,10 @@ impl Context {
                     })?,
                 }
             }
-            (None, "udp", _) => ferroce_nic::frame::mac_for_ip(dst_ip),
+            (None, "udp", _) => {
+                self.udp_can_send(sgid_index, sgid, dst_ip)?;
+                ferroce_nic::frame::mac_for_ip(dst_ip)
+            }
             _ => [0xff; 6],
         };
         Ok(Path {
@@ -425,6 +433,41 @@ impl Context {
             dgid,
             udp_sport,
             ..Path::default()
+        })
+    }
+
+    /// A UDP socket sends from the one address it is bound to, and only to
+    /// addresses of that family: a QP or AH on another of the table's GIDs
+    /// (index 0, the link-local one, kept so that index 1 is the IPv4 GID as
+    /// on rxe) had every frame dropped and retried for ever (retry_cnt 7).
+    fn udp_can_send(&self, index: usize, sgid: Ipv6Addr, dst: IpAddr) -> Result<()> {
+        let Some(local) = self.shared.udp_local.filter(|a| !a.ip().is_unspecified()) else {
+            return Ok(());
+        };
+        let own = gid_of(local.ip());
+        let reason = if sgid != own {
+            let hint = match self.shared.gids.iter().position(|g| *g == own) {
+                Some(i) => format!("GID index {i}"),
+                None => format!("GID {own}"),
+            };
+            format!(
+                "the UDP backend sends from {} only: use {hint}, or a raw backend \
+                 (FERROCE_BACKEND=afpacket, --backend afpacket) for IPv6",
+                local.ip()
+            )
+        } else if local.is_ipv4() != dst.is_ipv4() {
+            format!(
+                "the UDP backend's socket on {} cannot reach {dst}: the destination GID \
+                 must be of the same family",
+                local.ip()
+            )
+        } else {
+            return Ok(());
+        };
+        Err(Error::GidUnusable {
+            index,
+            gid: sgid,
+            reason,
         })
     }
 

@@ -20,6 +20,13 @@ pub enum Error {
     #[error("GID index {index} is out of range (the table has {len} entries)")]
     GidIndex { index: usize, len: usize },
     /// The peer's MAC address could not be found for a raw backend.
+    #[error("GID index {index} ({gid}) cannot be used here: {reason}")]
+    GidUnusable {
+        index: usize,
+        gid: std::net::Ipv6Addr,
+        reason: String,
+    },
+
     #[error("cannot reach {ip}: {reason}")]
     Unreachable {
         ip: std::net::IpAddr,
