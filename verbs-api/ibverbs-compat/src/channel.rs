@@ -26,6 +26,15 @@ const WATCH_SLICE: Duration = Duration::from_millis(20);
 /// CQ armed meanwhile is watched from then on).
 const ARMED_SLICE: Duration = Duration::from_millis(2);
 
+/// Events queued on any channel of this process and not taken yet.
+static QUEUED: AtomicUsize = AtomicUsize::new(0);
+
+/// An event waits on some channel: the program has work of its own waiting
+/// (`poll_cq` then does not wait for the engine, see `datapath::poll_cq`).
+pub fn events_waiting() -> bool {
+    QUEUED.load(Ordering::Relaxed) > 0
+}
+
 /// ibv_comp_channel.
 #[repr(C)]
 pub struct FChannel {
@@ -72,6 +81,7 @@ impl FChannel {
             ev.retain(|&x| x != cq);
             for _ in ev.len()..before {
                 self.uncount_one();
+                QUEUED.fetch_sub(1, Ordering::Relaxed);
             }
         }
         while self.watching.load(Ordering::Acquire) != 0 {
@@ -118,6 +128,7 @@ impl FChannel {
             return false;
         }
         ev.push_back(cq);
+        QUEUED.fetch_add(1, Ordering::Relaxed);
         self.count_one();
         true
     }
@@ -129,6 +140,7 @@ impl FChannel {
         {
             let mut ev = lock(&self.events);
             if let Some(p) = ev.pop_front() {
+                QUEUED.fetch_sub(1, Ordering::Relaxed);
                 self.uncount_one();
                 return (Some(p), Vec::new());
             }

@@ -431,7 +431,12 @@ unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_w
         }
         if matches!(r, Ok(0)) {
             let empty = c.empty_polls.fetch_add(1, Ordering::Relaxed) + 1;
-            if empty >= EMPTY_POLLS_BEFORE_WAIT {
+            // Not while a completion event waits on a channel: the program
+            // has that to handle, and UCX over UD (its async thread missed
+            // the event while the main thread held the lock, and the main
+            // thread takes it after its progress call returns) spent two
+            // idle waits a message there, 350 µs a tag_lat round trip.
+            if empty >= EMPTY_POLLS_BEFORE_WAIT && !crate::channel::events_waiting() {
                 // Still nothing after a run of empty polls: wait briefly on
                 // the engine's progress so a spinning application leaves the
                 // CPU to the engine. Woken by any frames moved, not only a
