@@ -377,7 +377,7 @@ const LINK_CHECK_EVERY: u32 = 256;
 pub struct AfPacketIo {
     rx_fd: OwnedFd,
     /// Receives in a row that found nothing (see [`AfPacketIo::check_link`]).
-    empty_recvs: u32,
+    empty_recvs: crate::link_check::EmptyRecvs,
     tx_fd: OwnedFd,
     rx_ring: Mmap,
     tx_ring: Mmap,
@@ -767,7 +767,7 @@ impl AfPacketIo {
         Ok(AfPacketIo {
             mcast: Memberships::new(ifindex, None, None),
             rx_fd,
-            empty_recvs: 0,
+            empty_recvs: Default::default(),
             tx_fd,
             rx_ring,
             tx_ring,
@@ -1284,13 +1284,8 @@ impl PacketIo for AfPacketIo {
         } else {
             self.recv_v3(max, sink)?
         };
-        if n > 0 {
-            self.empty_recvs = 0;
-        } else {
-            self.empty_recvs = self.empty_recvs.wrapping_add(1);
-            if self.empty_recvs.is_multiple_of(LINK_CHECK_EVERY) {
-                self.check_link()?;
-            }
+        if self.empty_recvs.due(n, LINK_CHECK_EVERY) {
+            self.check_link()?;
         }
         Ok(n)
     }

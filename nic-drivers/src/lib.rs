@@ -23,6 +23,7 @@ pub mod frame;
 pub mod gso;
 pub mod ifaces;
 pub mod ipv4_id;
+mod link_check;
 pub mod local_peers;
 pub mod mcast;
 pub mod mem;

@@ -118,7 +118,7 @@ pub struct AfXdpIo {
     mode: &'static str,
     next_rx: usize,
     /// Receives in a row that found nothing (see [`AfXdpIo::check_link`]).
-    empty_recvs: u32,
+    empty_recvs: crate::link_check::EmptyRecvs,
     ifname: String,
     stats: Stats,
     busy_poll: bool,
@@ -273,7 +273,7 @@ impl AfXdpIo {
             mtu,
             mode,
             next_rx: 0,
-            empty_recvs: 0,
+            empty_recvs: Default::default(),
             ifname: cfg.ifname.clone(),
             stats: Stats::default(),
             busy_poll: false,
@@ -292,26 +292,15 @@ impl AfXdpIo {
         let Some(x) = self.xsks.first() else {
             return Ok(());
         };
-        // SAFETY: zero-length non-blocking recvfrom on our own socket.
-        let r = unsafe {
-            libc::recvfrom(
-                x.fd.as_raw_fd(),
-                std::ptr::null_mut(),
-                0,
-                libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        };
+        let r = x.kick_rx();
         self.stats.syscalls += 1;
-        let err = std::io::Error::last_os_error();
-        if r < 0 && err.raw_os_error() == Some(libc::ENXIO) {
-            return Err(NicError::Sys {
+        match r {
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => Err(NicError::Sys {
                 op: format!("AF_XDP socket on {}: the interface is gone", self.ifname),
-                source: err,
-            });
+                source: e,
+            }),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// `"drv"` or `"skb"`: the XDP mode actually attached.
@@ -417,28 +406,13 @@ impl PacketIo for AfXdpIo {
                 x.fill.publish();
             }
             if x.fill.needs_wakeup() || self.busy_poll {
-                // SAFETY: zero-length non-blocking recvfrom on our socket wakes the driver.
-                unsafe {
-                    libc::recvfrom(
-                        x.fd.as_raw_fd(),
-                        std::ptr::null_mut(),
-                        0,
-                        libc::MSG_DONTWAIT,
-                        std::ptr::null_mut(),
-                        std::ptr::null_mut(),
-                    )
-                };
+                let _ = x.kick_rx();
                 self.stats.syscalls += 1;
             }
         }
         self.next_rx = (self.next_rx + 1) % nq.max(1);
-        if n > 0 {
-            self.empty_recvs = 0;
-        } else {
-            self.empty_recvs = self.empty_recvs.wrapping_add(1);
-            if self.empty_recvs.is_multiple_of(LINK_CHECK_EVERY) {
-                self.check_link()?;
-            }
+        if self.empty_recvs.due(n, LINK_CHECK_EVERY) {
+            self.check_link()?;
         }
         Ok(n)
     }

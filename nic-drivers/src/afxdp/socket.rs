@@ -180,6 +180,28 @@ impl Xsk {
         Some(unsafe { std::slice::from_raw_parts_mut(self.umem.ptr.add(addr), len) })
     }
 
+    /// A zero-length non-blocking receive: wakes the driver to refill the
+    /// RX ring (`needs_wakeup`, busy polling). Fails with ENXIO once the
+    /// kernel has unbound the socket (its interface is gone).
+    pub(super) fn kick_rx(&self) -> std::io::Result<()> {
+        // SAFETY: zero-length non-blocking recvfrom on our own socket.
+        let r = unsafe {
+            libc::recvfrom(
+                self.fd.as_raw_fd(),
+                std::ptr::null_mut(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
     pub(super) fn kick_tx(&self) -> bool {
         // SAFETY: zero-length sendto on our own socket: asks the kernel to
         // process the TX ring.
