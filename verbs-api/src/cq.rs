@@ -169,15 +169,17 @@ impl CompletionQueue {
         };
         match engine.mode {
             EngineMode::Polling => {
-                if engine.step_now() == 0
-                    && !engine
-                        .lock()
-                        .core
-                        .completions_waiting_in_polled(POLLED_WINDOW)
-                {
-                    let idle = engine.lock().idle_timeout();
-                    engine.wait_io(idle.min(timeout).min(Duration::from_micros(200)));
-                    engine.step_now();
+                if engine.step_now() == 0 {
+                    // Under one lock: whether to wait at all, and how long.
+                    let idle = {
+                        let mut inner = engine.lock();
+                        (!inner.core.completions_waiting_in_polled(POLLED_WINDOW))
+                            .then(|| inner.idle_timeout())
+                    };
+                    if let Some(idle) = idle {
+                        engine.wait_io(idle.min(timeout).min(Duration::from_micros(200)));
+                        engine.step_now();
+                    }
                 }
             }
             EngineMode::Thread => {
@@ -211,18 +213,6 @@ impl CompletionQueue {
             }
         }
         self.shared.check_engine()
-    }
-
-    /// Block until one of `cqs` (all of one device) holds a completion or
-    /// `timeout` passes: a completion channel watching several CQs.
-    pub fn wait_any(cqs: &[&CompletionQueue], timeout: Duration) -> Result<()> {
-        let Some(first) = cqs.first() else {
-            std::thread::sleep(timeout);
-            return Err(Error::Timeout(timeout, "a completion"));
-        };
-        first.wait_until(timeout, |core| {
-            cqs.iter().any(|c| core.cq_len(c.handle) > 0)
-        })
     }
 
     /// Block until one of `cqs` (all of one device), each given with a count

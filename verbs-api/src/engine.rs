@@ -373,10 +373,15 @@ impl Engine {
     /// Records a step's outcome under the lock: when it ran (for the keeper)
     /// and whether it moved frames.
     fn note_step(&self, inner: &Inner, moved: bool) {
+        self.count_moved(moved);
+        self.mark_step(inner);
+    }
+
+    /// Counts a step that moved frames (under the lock: see `moved_steps`).
+    fn count_moved(&self, moved: bool) {
         if moved {
             self.moved_steps.fetch_add(1, Ordering::Release);
         }
-        self.mark_step(inner);
     }
 
     /// Records for the keeper when `inner` last stepped.
@@ -476,9 +481,7 @@ impl Engine {
                 let mut inner = self.lock();
                 match inner.step() {
                     Ok(n) => {
-                        if n > 0 {
-                            self.moved_steps.fetch_add(1, Ordering::Release);
-                        }
+                        self.count_moved(n > 0);
                         (n, inner.idle_timeout(), inner.last_step())
                     }
                     Err(e) => {

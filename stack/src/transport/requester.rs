@@ -161,8 +161,13 @@ impl Qp {
     /// An RC requester has as many PSNs out unacknowledged as it may
     /// (rxe: RXE_MAX_UNACKED_PSNS).
     fn window_full(&self, ctx: &Ctx<'_>) -> bool {
+        self.window_full_at(self.req.psn, ctx)
+    }
+
+    /// The window would be full with `next_psn` the next PSN to send.
+    fn window_full_at(&self, next_psn: u32, ctx: &Ctx<'_>) -> bool {
         self.qp_type == QpType::Rc
-            && psn::diff(self.req.psn, self.req.comp_psn) >= ctx.cfg.max_unacked_psns as i32
+            && psn::diff(next_psn, self.req.comp_psn) >= ctx.cfg.max_unacked_psns as i32
     }
 
     fn emit_request(&mut self, idx: u64, buf: &mut [u8], ctx: &mut Ctx<'_>) -> Option<usize> {
@@ -273,8 +278,7 @@ impl Qp {
         // The packet that fills the window asks too, else with a window
         // that is no multiple of ACK_EVERY the requester would wait for its
         // ACK time-out.
-        let fills_window = psn::diff(psn::add(psn_now, consumed), self.req.comp_psn)
-            >= ctx.cfg.max_unacked_psns as i32;
+        let fills_window = self.window_full_at(psn::add(psn_now, consumed), ctx);
         let want_ack = (last && self.ack_wanted(&op, flags.signaled, ctx))
             || self.req.noack_pkts + 1 >= ACK_EVERY
             || fills_window;

@@ -81,7 +81,6 @@ impl FChannel {
             ev.retain(|&x| x != cq);
             for _ in ev.len()..before {
                 self.uncount_one();
-                QUEUED.fetch_sub(1, Ordering::Relaxed);
             }
         }
         while self.watching.load(Ordering::Acquire) != 0 {
@@ -106,7 +105,9 @@ impl FChannel {
             .ok();
     }
 
+    /// Count one queued event, on the fd and in [`events_waiting`].
     fn count_one(&self) {
+        QUEUED.fetch_add(1, Ordering::Relaxed);
         let one = 1u64;
         // SAFETY: writing 8 bytes to our eventfd.
         unsafe { libc::write(self.ibv.fd, &one as *const u64 as *const c_void, 8) };
@@ -114,6 +115,7 @@ impl FChannel {
 
     /// Take one count (there is one for each queued event).
     fn uncount_one(&self) {
+        QUEUED.fetch_sub(1, Ordering::Relaxed);
         if readable(self.ibv.fd, 0) {
             let mut v = 0u64;
             // SAFETY: reading 8 bytes from our eventfd (it is readable).
@@ -128,7 +130,6 @@ impl FChannel {
             return false;
         }
         ev.push_back(cq);
-        QUEUED.fetch_add(1, Ordering::Relaxed);
         self.count_one();
         true
     }
@@ -140,7 +141,6 @@ impl FChannel {
         {
             let mut ev = lock(&self.events);
             if let Some(p) = ev.pop_front() {
-                QUEUED.fetch_sub(1, Ordering::Relaxed);
                 self.uncount_one();
                 return (Some(p), Vec::new());
             }
