@@ -900,6 +900,15 @@ impl RxeVm {
         )
     }
 
+    /// [`RxeVm::wait_listening`] in the VM's network namespace `netns`.
+    pub fn wait_listening_in(&self, netns: &str, port: u16, timeout: Duration) -> Result<()> {
+        self.wait_until(
+            &format!("ip netns exec {netns} netstat -ltn | grep -q ':{port} '"),
+            &format!("waiting for TCP port {port} to listen in {netns}"),
+            timeout,
+        )
+    }
+
     /// Waits until an rdma_cm ID of the VM listens on `port` (TCP or UDP port space), from
     /// `rdma res show cm_id`: a stock rdma_cm server opens no socket to wait for.
     pub fn wait_cm_listening(&self, port: u16, timeout: Duration) -> Result<()> {
@@ -1266,7 +1275,7 @@ fn path_str(p: &Path) -> String {
 }
 
 /// The last `lines` lines of `text`.
-pub(crate) fn tail(text: &str, lines: usize) -> String {
+pub fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }

@@ -238,8 +238,10 @@ done
 # max`) crc32-pclmul serves it, as on a real host, so rxe and ferroce (crc32fast) both use the CPU's
 # carry-less multiply. init.sh tolerates its refusal on CPUs without it (qemu64).
 emit crc32_pclmul optional
-# Useful extras (rdma_cm tools, netem, the 9p share): their absence does not stop rxe.
-for m in ib_umad configfs ib_cm iw_cm rdma_cm rdma_ucm sch_netem netfs fscache 9pnet 9pnet_virtio 9p; do
+# Useful extras (rdma_cm tools, netem, the 9p share, veth for namespace hosts inside a VM): their
+# absence does not stop rxe.
+for m in ib_umad configfs ib_cm iw_cm rdma_cm rdma_ucm sch_netem netfs fscache 9pnet 9pnet_virtio 9p \
+    veth; do
     emit "$m" optional
 done
 mkdir -p "$root/lib/modules"

@@ -21,7 +21,7 @@ use crate::ipv4_id::IdRecovery;
 use crate::mcast::Memberships;
 use crate::raw_share::RawShare;
 use crate::{offload, sys};
-use crate::{NicError, PacketIo, RxSink, Stats, TxFill};
+use crate::{NicError, PacketIo, RxSink, RxSinkChecked, Stats, TxFill};
 
 // linux/if_packet.h
 const SOL_PACKET: libc::c_int = 263;
@@ -404,7 +404,7 @@ pub struct AfPacketIo {
     mcast: Memberships,
     // The RX ring carries a virtio-net header before each frame (GSO size).
     vnet: bool,
-    scratch: Vec<u8>,
+    rx: RxScratch,
     // Frames too big for a V2 slot, read whole from the socket.
     whole: Vec<u8>,
     stats: Stats,
@@ -455,6 +455,21 @@ fn bind_packet(fd: RawFd, ifindex: u32, proto: u16) -> Result<(), NicError> {
 /// Lends `f` to `sink`; when the kernel moved a VLAN tag into metadata, puts
 /// it back first (copy) so the layers above see the frame as sent. Returns the
 /// length delivered.
+/// What the receive path works with besides the ring.
+#[derive(Debug)]
+struct RxScratch {
+    /// A frame with its VLAN tag put back.
+    scratch: Vec<u8>,
+    /// IPv4 IDs of the frames a merged frame is cut into.
+    ids: IdRecovery,
+    /// The interface's MTU: a longer frame is a super-frame.
+    mtu: usize,
+    /// No virtio-net header tells a GSO frame's segment size (Linux < 6.2):
+    /// a frame whose UDP checksum the kernel left to the device (from a
+    /// socket on this host) may be one, and is looked into.
+    unsized_gso: bool,
+}
+
 /// What the kernel left undone on a received frame (see `offload`).
 #[derive(Debug, Clone, Copy, Default)]
 struct Pending {
@@ -472,30 +487,47 @@ struct Pending {
 fn deliver(
     f: &mut [u8],
     vlan: Option<(u16, u16)>,
-    pending: Pending,
-    scratch: &mut Vec<u8>,
-    sink: &mut RxSink<'_>,
+    mut pending: Pending,
+    rx: &mut RxScratch,
+    sink: &mut RxSinkChecked<'_>,
 ) -> (usize, usize) {
-    if vlan.is_none() && !pending.csum && pending.gso_size == 0 {
-        sink(f);
+    // A local UDP socket's GSO send the kernel could not describe (Linux <
+    // 6.2), which a frame longer than the link carries can only be.
+    let look_inside =
+        pending.gso_size == 0 && ((rx.unsized_gso && pending.csum) || f.len() > rx.mtu + 18);
+    if vlan.is_none() && !pending.csum && !look_inside {
+        sink(f, false);
         return (1, f.len());
     }
     let frame: &mut [u8] = match vlan {
         Some((tpid, tci)) if f.len() >= 12 => {
-            scratch.clear();
-            scratch.extend_from_slice(&f[..12]);
-            scratch.extend_from_slice(&tpid.to_be_bytes());
-            scratch.extend_from_slice(&tci.to_be_bytes());
-            scratch.extend_from_slice(&f[12..]);
-            scratch
+            rx.scratch.clear();
+            rx.scratch.extend_from_slice(&f[..12]);
+            rx.scratch.extend_from_slice(&tpid.to_be_bytes());
+            rx.scratch.extend_from_slice(&tci.to_be_bytes());
+            rx.scratch.extend_from_slice(&f[12..]);
+            &mut rx.scratch
         }
         _ => f,
     };
+    if look_inside {
+        // IPv4 and UDP headers come off the MTU (IPv6's are longer still);
+        // 0: a single datagram after all.
+        pending.gso_size = offload::infer_gso_size(frame, rx.mtu.saturating_sub(28)).unwrap_or(0);
+    }
     if pending.gso_size > 0 {
-        let mut bytes = 0;
-        let mut each = |seg: &[u8]| {
+        let l3 = match frame.get(12..14) {
+            Some([0x81, 0x00] | [0x88, 0xA8]) => 18,
+            _ => 14,
+        };
+        let (mut bytes, ids) = (0, &mut rx.ids);
+        let mut each = |seg: &mut [u8]| {
             bytes += seg.len();
-            sink(seg);
+            // The cut numbers IPv4 IDs as the kernel's GSO does; checked
+            // against the ICRC (which covers the ID), and found if it differs
+            // after all, so the transport need not check the ICRC again.
+            let checked = seg.get_mut(l3..).is_some_and(|h| ids.fix(h));
+            sink(seg, checked);
         };
         // None: not UDP over IP or cut short by the ring (counted as a drop).
         let frames = offload::segment_udp(frame, pending.gso_size, pending.csum, &mut each);
@@ -505,7 +537,7 @@ fn deliver(
         // A local UDP socket's frame over veth: the device was to finish it.
         offload::clear_partial(frame);
     }
-    sink(frame);
+    sink(frame, false);
     (1, frame.len())
 }
 
@@ -620,18 +652,23 @@ impl AfPacketIo {
             tracing::warn!("{e}");
         }
         // A GSO sender's frames cross veth uncut; the virtio-net header in
-        // front of each says how to cut them (see offload). Without it (old
-        // kernels) such frames arrive whole and are dropped by the stack.
-        let vnet = match sys::setsockopt(rx, SOL_PACKET, PACKET_VNET_HDR, &one, "PACKET_VNET_HDR") {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!("{e}");
-                false
-            }
-        };
+        // front of each says how to cut them (see offload). Not before Linux
+        // 6.2: its header has no kind for UDP, and the kernel drops such a
+        // frame rather than hand it over without one (a UDP-backend device
+        // sending to this one over veth lost every message of more than one
+        // packet); without the header the frame comes whole, and the cut is
+        // worked out from the RoCE packets inside (offload::infer_gso_size).
+        let vnet = gso_supported()
+            && match sys::setsockopt(rx, SOL_PACKET, PACKET_VNET_HDR, &one, "PACKET_VNET_HDR") {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!("{e}");
+                    false
+                }
+            };
         // V2: a frame larger than its slot (a GSO super-frame) is also queued
         // whole on the socket, to be read with recv.
-        if vnet && !v3 {
+        if !v3 {
             sys::setsockopt(
                 rx,
                 SOL_PACKET,
@@ -789,7 +826,12 @@ impl AfPacketIo {
             },
             share,
             vnet,
-            scratch: vec![0u8; frame_size + 4],
+            rx: RxScratch {
+                scratch: vec![0u8; frame_size + 4],
+                ids: IdRecovery::default(),
+                mtu,
+                unsized_gso: !vnet,
+            },
             whole: Vec::new(),
             stats: Stats::default(),
             kernel_drops: Cell::new(0),
@@ -798,7 +840,7 @@ impl AfPacketIo {
     }
 
     /// TPACKET_V3: frames from the blocks the kernel handed over.
-    fn recv_v3(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {
+    fn recv_v3(&mut self, max: usize, sink: &mut RxSinkChecked<'_>) -> Result<usize, NicError> {
         let bs = self.cfg.rx_block_size;
         let mut n = 0;
         while n < max {
@@ -830,7 +872,7 @@ impl AfPacketIo {
                 });
                 let pending = self.pending(hdr, mac_off, pstatus);
                 if let Some(f) = self.rx_ring.slice_mut(hdr + mac_off, snaplen) {
-                    let (frames, len) = deliver(f, vlan, pending, &mut self.scratch, sink);
+                    let (frames, len) = deliver(f, vlan, pending, &mut self.rx, sink);
                     self.count_rx(frames, len);
                     n += frames.max(1);
                 } else {
@@ -919,13 +961,13 @@ impl AfPacketIo {
     }
 
     /// Reads from the socket the whole frame whose V2 slot holds a cut copy
-    /// (a GSO super-frame larger than a slot; PACKET_COPY_THRESH queued it),
-    /// virtio-net header first, and delivers it.
+    /// (a GSO or merged super-frame larger than a slot; PACKET_COPY_THRESH
+    /// queued it), virtio-net header first where there is one, and delivers it.
     fn recv_whole(
         &mut self,
         vlan: Option<(u16, u16)>,
         status: u32,
-        sink: &mut RxSink<'_>,
+        sink: &mut RxSinkChecked<'_>,
     ) -> (usize, usize) {
         self.whole.resize(MAX_WHOLE_FRAME, 0);
         // SAFETY: the buffer is ours and `whole.len()` bytes long; the fd is our RX socket.
@@ -938,19 +980,20 @@ impl AfPacketIo {
             )
         };
         self.stats.syscalls += 1;
-        let Some(got) = usize::try_from(got).ok().filter(|&g| g > VNET_HDR_LEN) else {
+        let hl = if self.vnet { VNET_HDR_LEN } else { 0 };
+        let Some(got) = usize::try_from(got).ok().filter(|&g| g > hl) else {
             return (0, 0);
         };
-        let (v, f) = self.whole[..got].split_at_mut(VNET_HDR_LEN);
+        let (v, f) = self.whole[..got].split_at_mut(hl);
         let pending = Pending {
             csum: status & TP_STATUS_CSUMNOTREADY != 0,
-            gso_size: gso::udp_gso_size(v),
+            gso_size: if self.vnet { gso::udp_gso_size(v) } else { 0 },
         };
-        deliver(f, vlan, pending, &mut self.scratch, sink)
+        deliver(f, vlan, pending, &mut self.rx, sink)
     }
 
     /// TPACKET_V2 receive: one frame per slot, slots in ring order.
-    fn recv_v2(&mut self, max: usize, sink: &mut RxSink<'_>) -> usize {
+    fn recv_v2(&mut self, max: usize, sink: &mut RxSinkChecked<'_>) -> usize {
         // The kernel puts whole slots in each block; a block's tail that
         // holds no whole slot stays unused.
         let bs = self.cfg.rx_block_size;
@@ -974,14 +1017,14 @@ impl AfPacketIo {
                 (tpid, self.rx_ring.read_u16(hdr + T2_VLAN_TCI))
             });
             let pending = self.pending(hdr, mac_off, status);
-            if status & TP_STATUS_COPY != 0 && self.vnet {
+            if status & TP_STATUS_COPY != 0 {
                 let (frames, len) = self.recv_whole(vlan, status, sink);
                 self.count_rx(frames, len);
                 n += frames.max(1);
             } else {
                 match self.rx_ring.slice_mut(hdr + mac_off, snaplen) {
                     Some(f) if mac_off + snaplen <= V2_RX_FRAME => {
-                        let (frames, len) = deliver(f, vlan, pending, &mut self.scratch, sink);
+                        let (frames, len) = deliver(f, vlan, pending, &mut self.rx, sink);
                         self.count_rx(frames, len);
                         n += frames.max(1);
                     }
@@ -1279,6 +1322,16 @@ impl PacketIo for AfPacketIo {
     }
 
     fn recv(&mut self, max: usize, sink: &mut RxSink<'_>) -> Result<usize, NicError> {
+        self.recv_checked(max, &mut |f: &[u8], _| sink(f))
+    }
+
+    /// Frames cut from a merged or GSO frame come with their ICRC checked
+    /// (see `deliver`); others are left to the transport to check.
+    fn recv_checked(
+        &mut self,
+        max: usize,
+        sink: &mut RxSinkChecked<'_>,
+    ) -> Result<usize, NicError> {
         let n = if self.cfg.rx_ring == RxRing::V2 {
             self.recv_v2(max, sink)
         } else {
@@ -1484,6 +1537,155 @@ pub(crate) mod tests {
         for n in 0..f("1.1.1.1:5", "2.2.2.2:4791").len() {
             let full = f("1.1.1.1:5", "2.2.2.2:4791");
             let _ = run_cbpf(&p, &full[..n]); // truncated: no panic
+        }
+    }
+
+    /// An RC RDMA WRITE MIDDLE (or FIRST, with a RETH, when `first`) on QP
+    /// 0x12 with `psn`, `n` bytes of data, from a UDP socket on this host
+    /// to 198.18.0.1 over IPv4 with ID `id`; its ICRC right, its UDP
+    /// checksum 0 ("none", as a raw receiver leaves a partial one).
+    fn roce_v4(first: bool, psn: u32, id: u16, n: usize) -> Vec<u8> {
+        let mut bth = vec![
+            if first { 0x06 } else { 0x07 },
+            0,
+            0xff,
+            0xff,
+            0,
+            0,
+            0,
+            0x12,
+            0,
+        ];
+        bth.extend_from_slice(&psn.to_be_bytes()[1..]);
+        if first {
+            bth.extend_from_slice(&[0u8; 16]);
+        }
+        bth.extend((0..n).map(|i| (i * 7 + psn as usize) as u8));
+        bth.extend_from_slice(&[0u8; 4]);
+        let spec = HeaderSpec {
+            dst_mac: [2, 0, 0, 0, 0, 1],
+            src_mac: [2, 0, 0, 0, 0, 2],
+            src: "198.18.0.2:49152".parse().unwrap(),
+            dst: "198.18.0.1:4791".parse().unwrap(),
+            tos: 0,
+            ttl: 64,
+        };
+        let mut f = build_udp_frame(&spec, &bth).unwrap();
+        f[18..20].copy_from_slice(&id.to_be_bytes());
+        f[24..26].fill(0);
+        let c = crate::frame::ipv4_checksum(&f[14..34]);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        let end = f.len() - 4;
+        let icrc = crate::ipv4_id::icrc::compute(&f[14..end], false).unwrap();
+        f[end..].copy_from_slice(&icrc.to_le_bytes());
+        f
+    }
+
+    /// What a local UDP socket's GSO send of `frames` looks like at a packet
+    /// socket: the first one's headers, every payload behind them, the
+    /// lengths of the whole, ID 0, the UDP checksum left to the device.
+    fn super_frame(frames: &[Vec<u8>]) -> Vec<u8> {
+        let hl = 14 + 20 + 8;
+        let mut s = frames[0][..hl].to_vec();
+        for f in frames {
+            s.extend_from_slice(&f[hl..]);
+        }
+        let udp_len = (s.len() - 34) as u16;
+        s[16..18].copy_from_slice(&(udp_len + 20).to_be_bytes());
+        s[18..20].fill(0);
+        s[38..40].copy_from_slice(&udp_len.to_be_bytes());
+        s[40..42].copy_from_slice(&0x1234u16.to_be_bytes());
+        s
+    }
+
+    fn rx(unsized_gso: bool) -> RxScratch {
+        RxScratch {
+            scratch: Vec::new(),
+            ids: IdRecovery::default(),
+            mtu: 9000,
+            unsized_gso,
+        }
+    }
+
+    /// Runs `deliver` on `f` as the ring gave it (the checksum left to the
+    /// device: TP_STATUS_CSUMNOTREADY); the frames out, each with whether
+    /// its ICRC was checked on the way.
+    fn delivered(f: &mut [u8], rx: &mut RxScratch) -> Vec<(Vec<u8>, bool)> {
+        let mut out = Vec::new();
+        let pending = Pending {
+            csum: true,
+            gso_size: 0,
+        };
+        let (n, _) = deliver(f, None, pending, rx, &mut |s: &[u8], checked| {
+            out.push((s.to_vec(), checked))
+        });
+        assert_eq!(n, out.len());
+        out
+    }
+
+    #[test]
+    fn gso_sends_without_a_size_are_cut_from_the_packets_inside() {
+        // A WRITE's FIRST (with RETH) and a MIDDLE in one send (the shorter
+        // one last, as GSO allows), and a run of equal MIDDLEs; Linux numbers
+        // the segments' IDs 0, 1, 2, ... (the sender's ICRCs cover them).
+        let runs = [
+            vec![roce_v4(true, 7, 0, 4096), roce_v4(false, 8, 1, 4096)],
+            (0..8)
+                .map(|k| roce_v4(false, 0xff_fffc + k, k as u16, 1024))
+                .collect(),
+            vec![roce_v4(false, 3, 0, 4096), roce_v4(false, 4, 1, 100)],
+            // Requests with a RETH and no data, PSNs apart (as READ requests are).
+            (0..5)
+                .map(|k| roce_v4(true, 90 + 3 * k, k as u16, 0))
+                .collect(),
+        ];
+        for frames in runs {
+            let mut sup = super_frame(&frames);
+            let out = delivered(&mut sup, &mut rx(true));
+            assert_eq!(out.len(), frames.len());
+            for ((got, checked), want) in out.iter().zip(&frames) {
+                assert_eq!(got, want);
+                assert!(checked, "ICRC checked on the way");
+            }
+            // Where the kernel says the size (Linux >= 6.2) nothing is guessed.
+            let mut sup = super_frame(&frames);
+            assert_eq!(delivered(&mut sup, &mut rx(false)).len(), 1);
+        }
+    }
+
+    #[test]
+    fn joined_frames_get_the_ids_their_icrcs_cover() {
+        // A sender that gave every frame ID 0 (a raw one, as rxe and our
+        // core do): the cut's 0, 1, 2, ... are wrong and get put right.
+        let frames: Vec<Vec<u8>> = (0..4).map(|k| roce_v4(false, 40 + k, 0, 2048)).collect();
+        let mut sup = super_frame(&frames);
+        let mut r = rx(true);
+        let out = delivered(&mut sup, &mut r);
+        assert_eq!(out.len(), 4);
+        for ((got, checked), want) in out.iter().zip(&frames) {
+            assert_eq!(got, want);
+            assert!(checked);
+        }
+        assert_eq!(r.ids.recovered, 3);
+    }
+
+    #[test]
+    fn a_single_local_datagram_passes_whole() {
+        for n in [0, 16, 1024, 4096] {
+            let want = roce_v4(false, 5, 0, n);
+            let mut f = want.clone();
+            f[40..42].copy_from_slice(&0x1234u16.to_be_bytes());
+            let out = delivered(&mut f, &mut rx(true));
+            assert_eq!(
+                out,
+                vec![(want, false)],
+                "{n} bytes: the transport checks it"
+            );
+        }
+        // Not RoCE, or cut short: left as it is, no panic.
+        for len in [0, 13, 14, 41, 60] {
+            let mut f = vec![0x45u8; len];
+            let _ = delivered(&mut f, &mut rx(true));
         }
     }
 }

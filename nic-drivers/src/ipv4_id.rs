@@ -32,7 +32,7 @@ const CACHE: usize = 16;
 
 /// The ICRC of IPv4 RoCE v2 packets, as `ferroce_stack::wire::icrc` computes it for any (this
 /// crate stays independent of the stack; a test checks the two agree).
-mod icrc {
+pub(crate) mod icrc {
     pub const ICRC_LEN: usize = 4;
     /// IPv4 + UDP headers and the BTH: the part with masked fields.
     const MASKED: usize = 20 + 8 + 12;
@@ -136,7 +136,7 @@ impl Solver {
 #[derive(Debug, Default)]
 pub struct IdRecovery {
     solvers: Vec<Solver>,
-    /// Frames whose ID was recovered as non-zero.
+    /// Frames whose ID was recovered (another than the stand-in they came with).
     pub recovered: u64,
     /// Frames no ID explains (left for the stack to drop as a bad ICRC).
     pub unexplained: u64,
@@ -221,28 +221,34 @@ impl IdRecovery {
         self.set_id_of_valid_split(head, len, crc, id)
     }
 
-    /// `l3` (IPv4 header to the end of the ICRC) arrived with its Identification unknown and
-    /// set to 0: finds the ID that makes the ICRC right and writes it (with the header checksum).
-    /// Returns whether the ICRC is now right: then there is no need to check it again.
+    /// `l3` (IPv4 header to the end of the ICRC) arrived with its Identification unknown (a
+    /// stand-in in its place: 0, or a guess): unless the ICRC is right with the stand-in, finds
+    /// the ID that makes it right and writes it (with the header checksum). Returns whether the
+    /// ICRC is now right: then there is no need to check it again.
     pub fn fix(&mut self, l3: &mut [u8]) -> bool {
         if !is_plain_ipv4(l3) || l3.len() < IPV4_HLEN + icrc::ICRC_LEN {
             return false;
         }
+        let Some(stand_in) = id_of(l3) else {
+            return false;
+        };
         let end = l3.len() - icrc::ICRC_LEN;
         let mut rx = [0u8; 4];
         rx.copy_from_slice(&l3[end..]);
         let received = u32::from_le_bytes(rx);
-        let Some(at_zero) = icrc::compute(&l3[..end], false) else {
+        let Some(at_stand_in) = icrc::compute(&l3[..end], false) else {
             return false;
         };
-        if at_zero == received {
+        if at_stand_in == received {
             return true;
         }
+        // The solver gives the ID bits that differ from the stand-in's.
         match self
             .solver(l3, end)
-            .and_then(|s| s.solve(received ^ at_zero))
+            .and_then(|s| s.solve(received ^ at_stand_in))
         {
-            Some(id) => {
+            Some(diff) => {
+                let id = stand_in ^ diff;
                 write_id(l3, id);
                 self.recovered += 1;
                 true

@@ -200,7 +200,7 @@ pub fn segment_udp(
     f: &mut [u8],
     gso_size: usize,
     partial: bool,
-    emit: &mut dyn FnMut(&[u8]),
+    emit: &mut dyn FnMut(&mut [u8]),
 ) -> Option<usize> {
     let u = locate(f)?;
     let hl = u.at + 8;
@@ -279,6 +279,49 @@ pub fn udp_checksum_ok(f: &[u8]) -> bool {
     }
     f.get(u.at..u.at + u.len)
         .is_some_and(|d| fold(add_words(u.pseudo, d)) == 0xFFFF)
+}
+
+/// The segment size of `p`, the UDP payloads of a GSO send back to back
+/// (all of one size but the last, which may be shorter): the first size, up
+/// to `max`, at every multiple of which a packet of the first one's stream
+/// starts: a BTH with its destination QP, transport version 0 and a later
+/// PSN than the packet before (by one, or by more after a READ request,
+/// whose responses take PSNs too). None if there is none: not RoCE, or not
+/// such a send.
+pub fn roce_segment_len(p: &[u8], max: usize) -> Option<usize> {
+    // BTH (IBTA 9.2): TVer in byte 1's low nibble, DestQP bytes 5-7, PSN bytes 9-11.
+    const BTH: usize = 12;
+    const ICRC: usize = 4;
+    let first = p.get(..BTH)?;
+    let psn = |b: &[u8]| u32::from_be_bytes([0, b[9], b[10], b[11]]);
+    // Later within half the 24-bit PSN space (IBTA 9.7.2's window rule).
+    let follows = |b: &[u8], before: u32| {
+        let ahead = psn(b).wrapping_sub(before) & 0x00ff_ffff;
+        b[1] & 0x0f == 0 && b[5..8] == first[5..8] && ahead > 0 && ahead < 0x0080_0000
+    };
+    (BTH + ICRC..=max.min(p.len().saturating_sub(BTH))).find(|&s| {
+        let mut before = psn(first);
+        let mut at = s;
+        while at < p.len() {
+            match p.get(at..at + BTH) {
+                Some(b) if follows(b, before) => before = psn(b),
+                _ => return false,
+            }
+            at += s;
+        }
+        true
+    })
+}
+
+/// The size of the datagrams a GSO super-frame `f` joins behind one set of
+/// headers, when the kernel does not say (a local UDP socket's GSO send
+/// crossing veth, on Linux before 6.2): worked out from the RoCE packets
+/// inside, none longer than `max_payload`. None for a single datagram, or a
+/// frame that is not RoCE over UDP.
+pub fn infer_gso_size(f: &[u8], max_payload: usize) -> Option<usize> {
+    let u = locate(f)?;
+    let payload = f.get(u.at + 8..u.at + u.len)?;
+    roce_segment_len(payload, max_payload)
 }
 
 #[cfg(test)]
@@ -545,5 +588,61 @@ mod tests {
         // A UDP length beyond the frame.
         f[at + 4..at + 6].copy_from_slice(&0xFFFFu16.to_be_bytes());
         assert!(!complete(&mut f.clone()));
+    }
+
+    /// A RoCE packet of `len` bytes: BTH with `qp` and `psn`, filler after.
+    fn packet(len: usize, qp: u32, psn: u32, fill: u8) -> Vec<u8> {
+        let mut p = vec![fill; len];
+        p[0] = 0x01; // SEND middle
+        p[1] = 0x00;
+        p[5..8].copy_from_slice(&qp.to_be_bytes()[1..]);
+        p[9..12].copy_from_slice(&psn.to_be_bytes()[1..]);
+        p
+    }
+
+    #[test]
+    fn finds_the_segment_size_of_a_gso_blob() {
+        for (seg, last, psn) in [(4112, 4112, 7), (4112, 100, 0x00ff_fffe), (1040, 600, 3)] {
+            let mut blob = Vec::new();
+            for i in 0..14u32 {
+                blob.extend(packet(
+                    seg,
+                    0x12_3456,
+                    (psn + i) & 0x00ff_ffff,
+                    (i * 7) as u8,
+                ));
+            }
+            blob.extend(packet(last, 0x12_3456, (psn + 14) & 0x00ff_ffff, 0x11));
+            assert_eq!(roce_segment_len(&blob, 8982), Some(seg), "{seg} {last}");
+        }
+    }
+
+    #[test]
+    fn finds_the_size_of_read_requests_apart_in_psn() {
+        // A READ request takes a PSN for each response packet: 8 KiB reads at
+        // MTU 4096 are two PSNs apart.
+        let mut blob = Vec::new();
+        for i in 0..5u32 {
+            blob.extend(packet(32, 0x11, (0x00ff_fffc + 2 * i) & 0x00ff_ffff, 0));
+        }
+        assert_eq!(roce_segment_len(&blob, 8982), Some(32));
+    }
+
+    #[test]
+    fn no_segment_size_without_following_packets() {
+        // Another QP's packet next, a PSN that does not move on (or goes
+        // back), a run that breaks off later, too short, not RoCE.
+        let mut other = packet(4112, 1, 5, 0);
+        other.extend(packet(4112, 2, 6, 0));
+        let mut same = packet(4112, 1, 5, 0);
+        same.extend(packet(4112, 1, 5, 0));
+        let mut back = packet(4112, 1, 5, 0);
+        back.extend(packet(4112, 1, 4, 0));
+        let mut broken = packet(1040, 1, 5, 0);
+        broken.extend(packet(1040, 1, 6, 0));
+        broken.extend(packet(1040, 2, 7, 0));
+        for blob in [other, same, back, broken, vec![0u8; 11], vec![0xffu8; 9000]] {
+            assert_eq!(roce_segment_len(&blob, 8982), None);
+        }
     }
 }

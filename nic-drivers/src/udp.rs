@@ -50,8 +50,8 @@ use crate::frame::{self, HeaderSpec};
 use crate::ipv4_id::{self, IdRecovery};
 use crate::mcast::Memberships;
 use crate::port_share::{self, PortShare};
-use crate::sys;
 use crate::uring_rx::MultishotRx;
+use crate::{offload, sys};
 use crate::{
     GatherFrame, NicError, PacketIo, PayloadRef, RxSink, RxSinkChecked, Stats, TxFill, TxSource,
 };
@@ -870,7 +870,8 @@ impl UdpIo {
             // taking two short segments (their sum within a frame) as one
             // frame failed its ICRC, with the same cost.
             let payload = buf.get(at..at + total).unwrap_or_default();
-            gso_segment_len(payload, self.cfg.max_frame_len.saturating_sub(hl)).unwrap_or(total)
+            offload::roce_segment_len(payload, self.cfg.max_frame_len.saturating_sub(hl))
+                .unwrap_or(total)
         } else {
             total.max(1)
         };
@@ -1121,24 +1122,6 @@ impl TxSource for Whole<'_, '_> {
     fn payload(&self, _: &PayloadRef) -> Option<&[u8]> {
         None
     }
-}
-
-/// The segment size of `p`, the UDP payloads of a GSO send back to back
-/// (all of one size but the last): the first offset, up to `max`, where
-/// the next packet of the first one's stream starts, a BTH with its
-/// destination QP and the next PSN. None if there is none: not RoCE, or
-/// not such a send.
-fn gso_segment_len(p: &[u8], max: usize) -> Option<usize> {
-    // BTH (IBTA 9.2): TVer in byte 1's low nibble, DestQP bytes 5-7, PSN bytes 9-11.
-    const BTH: usize = 12;
-    const ICRC: usize = 4;
-    let first = p.get(..BTH)?;
-    let psn = |b: &[u8]| u32::from_be_bytes([0, b[9], b[10], b[11]]);
-    let next = (psn(first) + 1) & 0x00ff_ffff;
-    (BTH + ICRC..=max.min(p.len().saturating_sub(BTH))).find(|&s| {
-        p.get(s..s + BTH)
-            .is_some_and(|b| b[1] & 0x0f == 0 && b[5..8] == first[5..8] && psn(b) == next)
-    })
 }
 
 /// Appends `len` bytes at `p` to a message's iovecs (those from `start`
@@ -1901,50 +1884,6 @@ mod uring {
                 }
             }
             Ok(&self.results)
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::gso_segment_len;
-
-    /// A RoCE packet of `len` bytes: BTH with `qp` and `psn`, filler after.
-    fn packet(len: usize, qp: u32, psn: u32, fill: u8) -> Vec<u8> {
-        let mut p = vec![fill; len];
-        p[0] = 0x01; // SEND middle
-        p[1] = 0x00;
-        p[5..8].copy_from_slice(&qp.to_be_bytes()[1..]);
-        p[9..12].copy_from_slice(&psn.to_be_bytes()[1..]);
-        p
-    }
-
-    #[test]
-    fn finds_the_segment_size_of_a_gso_blob() {
-        for (seg, last, psn) in [(4112, 4112, 7), (4112, 100, 0x00ff_fffe), (1040, 600, 3)] {
-            let mut blob = Vec::new();
-            for i in 0..14u32 {
-                blob.extend(packet(
-                    seg,
-                    0x12_3456,
-                    (psn + i) & 0x00ff_ffff,
-                    (i * 7) as u8,
-                ));
-            }
-            blob.extend(packet(last, 0x12_3456, (psn + 14) & 0x00ff_ffff, 0x11));
-            assert_eq!(gso_segment_len(&blob, 8982), Some(seg), "{seg} {last}");
-        }
-    }
-
-    #[test]
-    fn no_segment_size_without_a_following_packet() {
-        // Another QP's packet next, a PSN that does not follow, too short, not RoCE.
-        let mut other = packet(4112, 1, 5, 0);
-        other.extend(packet(4112, 2, 6, 0));
-        let mut gap = packet(4112, 1, 5, 0);
-        gap.extend(packet(4112, 1, 9, 0));
-        for blob in [other, gap, vec![0u8; 11], vec![0xffu8; 9000]] {
-            assert_eq!(gso_segment_len(&blob, 8982), None);
         }
     }
 }
