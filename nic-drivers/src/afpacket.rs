@@ -452,15 +452,12 @@ fn bind_packet(fd: RawFd, ifindex: u32, proto: u16) -> Result<(), NicError> {
     sys::cvt(r, "bind AF_PACKET").map(|_| ())
 }
 
-/// Lends `f` to `sink`; when the kernel moved a VLAN tag into metadata, puts
-/// it back first (copy) so the layers above see the frame as sent. Returns the
-/// length delivered.
 /// What the receive path works with besides the ring.
 #[derive(Debug)]
 struct RxScratch {
     /// A frame with its VLAN tag put back.
     scratch: Vec<u8>,
-    /// IPv4 IDs of the frames a merged frame is cut into.
+    /// IPv4 IDs of the frames a GSO super-frame is cut into.
     ids: IdRecovery,
     /// The interface's MTU: a longer frame is a super-frame.
     mtu: usize,
@@ -961,8 +958,8 @@ impl AfPacketIo {
     }
 
     /// Reads from the socket the whole frame whose V2 slot holds a cut copy
-    /// (a GSO or merged super-frame larger than a slot; PACKET_COPY_THRESH
-    /// queued it), virtio-net header first where there is one, and delivers it.
+    /// (a GSO super-frame larger than a slot; PACKET_COPY_THRESH queued it),
+    /// virtio-net header first where there is one, and delivers it.
     fn recv_whole(
         &mut self,
         vlan: Option<(u16, u16)>,
@@ -1325,7 +1322,7 @@ impl PacketIo for AfPacketIo {
         self.recv_checked(max, &mut |f: &[u8], _| sink(f))
     }
 
-    /// Frames cut from a merged or GSO frame come with their ICRC checked
+    /// Frames cut from a GSO super-frame come with their ICRC checked
     /// (see `deliver`); others are left to the transport to check.
     fn recv_checked(
         &mut self,
