@@ -378,6 +378,9 @@ pub struct AfPacketIo {
     rx_fd: OwnedFd,
     /// Receives in a row that found nothing (see [`AfPacketIo::check_link`]).
     empty_recvs: crate::link_check::EmptyRecvs,
+    /// The last check found the link down: until a frame comes, every empty
+    /// receive looks again (the interface's removal may follow, unannounced).
+    link_down: bool,
     tx_fd: OwnedFd,
     rx_ring: Mmap,
     tx_ring: Mmap,
@@ -802,6 +805,7 @@ impl AfPacketIo {
             mcast: Memberships::new(ifindex, None, None),
             rx_fd,
             empty_recvs: Default::default(),
+            link_down: false,
             tx_fd,
             rx_ring,
             tx_ring,
@@ -902,12 +906,17 @@ impl AfPacketIo {
     /// kernel unbound (ifindex -1: the interface is gone) fails the backend,
     /// as rxe's device goes with its netdev. A link that is only down keeps
     /// the device (its frames resume when it comes back up).
+    ///
+    /// The binding is looked at whether or not an error waits: the kernel
+    /// sets it when the link goes down, and unbinds the socket only later in
+    /// the interface's removal, without a second error; a check in between
+    /// took the error for a link that is only down, and the device then
+    /// never learnt that the interface had gone. After an error the link is
+    /// looked at on every empty receive until frames come again.
     fn check_link(&mut self) -> Result<(), NicError> {
         let fd = self.rx_fd.as_raw_fd();
         let err: libc::c_int = sys::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, "SO_ERROR")?;
-        if err == 0 {
-            return Ok(());
-        }
+        self.link_down |= err != 0;
         // SAFETY: zeroed sockaddr_ll is a valid out-buffer of its length.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         let mut len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
@@ -915,12 +924,13 @@ impl AfPacketIo {
         let r =
             unsafe { libc::getsockname(fd, (&mut sll as *mut libc::sockaddr_ll).cast(), &mut len) };
         if r == 0 && sll.sll_ifindex <= 0 {
+            let errno = if err == 0 { libc::ENODEV } else { err };
             return Err(NicError::Sys {
                 op: format!(
                     "AF_PACKET socket on {}: the interface is gone",
                     self.cfg.ifname
                 ),
-                source: std::io::Error::from_raw_os_error(err),
+                source: std::io::Error::from_raw_os_error(errno),
             });
         }
         Ok(())
@@ -1334,7 +1344,9 @@ impl PacketIo for AfPacketIo {
         } else {
             self.recv_v3(max, sink)?
         };
-        if self.empty_recvs.due(n, LINK_CHECK_EVERY) {
+        let due = self.empty_recvs.due(n, LINK_CHECK_EVERY);
+        self.link_down &= n == 0;
+        if due || self.link_down {
             self.check_link()?;
         }
         Ok(n)

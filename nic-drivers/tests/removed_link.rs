@@ -50,3 +50,53 @@ fn a_removed_interface_fails_the_backend() {
         assert!(why.contains("the interface is gone"), "{ring}: {why}");
     }
 }
+
+/// The kernel reports a link going down on the AF_PACKET socket, and its
+/// removal later only by unbinding it: a backend that took the first report
+/// for a link that is only down (and cleared it) must still see the second.
+#[test]
+fn an_interface_removed_after_going_down_still_fails_the_backend() {
+    if !root_or_skip("afpacket interface down, then removed") {
+        return;
+    }
+    for (ring, open) in [
+        ("V3", raw_afpacket as fn(&str) -> Io),
+        ("V2", raw_afpacket_v2),
+    ] {
+        let t = topo();
+        let ifname = t.host(0).ifname.clone();
+        let name = ifname.clone();
+        let mut io: Io = t.run_in(0, move || open(&name)).unwrap();
+        let down = t
+            .command(0, "ip")
+            .args(["link", "set", &ifname, "down"])
+            .status();
+        assert!(down.is_ok_and(|s| s.success()), "ip link set {ifname} down");
+        // Empty receives until the backend has looked at the link (its
+        // error is then gone): a link that is only down keeps the backend.
+        for _ in 0..600 {
+            let _ = ferroce_nic::wait_readable_any(&[io.poll_fd()], Some(Duration::from_millis(1)));
+            let r = io.recv(64, &mut |_: &[u8]| ());
+            assert!(
+                r.is_ok(),
+                "{ring}: a link that is only down failed it: {r:?}"
+            );
+        }
+        let del = t.command(0, "ip").args(["link", "del", &ifname]).status();
+        assert!(del.is_ok_and(|s| s.success()), "ip link del {ifname}");
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let why = loop {
+            assert!(
+                Instant::now() < deadline,
+                "{ring}: still no error 2 s after the interface went away"
+            );
+            let _ =
+                ferroce_nic::wait_readable_any(&[io.poll_fd()], Some(Duration::from_millis(20)));
+            match io.recv(64, &mut |_: &[u8]| ()) {
+                Ok(_) => continue,
+                Err(e) => break e.to_string(),
+            }
+        };
+        assert!(why.contains("the interface is gone"), "{ring}: {why}");
+    }
+}
