@@ -471,6 +471,27 @@ impl Context {
         })
     }
 
+    /// Calls `hook` (from the thread that finds out) when the device's
+    /// packet engine stops for good — its interface went away, say — after
+    /// which every call fails with [`Error::EngineStopped`]; at once if it
+    /// has stopped already. What rdma-core reports as IBV_EVENT_DEVICE_FATAL.
+    /// Returns a number for [`Context::remove_failure_hook`].
+    pub fn on_failure(&self, hook: impl Fn() + Send + Sync + 'static) -> u64 {
+        self.shared.engine.on_failure(Box::new(hook))
+    }
+
+    /// Forgets a hook of [`Context::on_failure`]: it is not called after this
+    /// returns.
+    pub fn remove_failure_hook(&self, id: u64) {
+        self.shared.engine.remove_failure_hook(id)
+    }
+
+    /// Whether the device's packet engine has stopped for good (see
+    /// [`Context::on_failure`]), and why.
+    pub fn failure(&self) -> Option<String> {
+        self.shared.engine.failed()
+    }
+
     /// The next asynchronous event of the device (ibv_get_async_event), if any.
     pub fn poll_async_event(&self) -> Option<ferroce_stack::transport::AsyncEvent> {
         self.shared.engine.lock().core.poll_event()

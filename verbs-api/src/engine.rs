@@ -291,6 +291,21 @@ impl ferroce_nic::TxSource for CoreSource<'_> {
     }
 }
 
+/// Callbacks for the engine's failure, by number.
+#[derive(Default)]
+struct FailureHooks {
+    next: u64,
+    hooks: Vec<(u64, Box<dyn Fn() + Send + Sync>)>,
+}
+
+impl std::fmt::Debug for FailureHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FailureHooks")
+            .field("hooks", &self.hooks.len())
+            .finish()
+    }
+}
+
 /// What the device's handles share: the lock, a condition variable for
 /// completion waiters, and the engine thread's state.
 #[derive(Debug)]
@@ -301,6 +316,8 @@ pub(crate) struct Engine {
     pub mode: EngineMode,
     pub stop: AtomicBool,
     pub failure: Mutex<Option<String>>,
+    /// Called when the engine stops for good (see [`Engine::on_failure`]).
+    failure_hooks: Mutex<FailureHooks>,
     /// The backend's fd to sleep on, and its second one (-1: none), which
     /// may come and go (the UDP backend's multicast sockets): see
     /// [`Engine::refresh_poll_fds`].
@@ -326,6 +343,7 @@ impl Engine {
             mode,
             stop: AtomicBool::new(false),
             failure: Mutex::new(None),
+            failure_hooks: Mutex::new(FailureHooks::default()),
             poll_fd,
             second_poll_fd,
             last_step_ns: AtomicU64::new(0),
@@ -352,6 +370,29 @@ impl Engine {
         *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
         self.stop.store(true, Ordering::Release);
         self.progress.notify_all();
+        let hooks = self.failure_hooks.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, hook) in &hooks.hooks {
+            hook();
+        }
+    }
+
+    /// Calls `hook` when the engine stops for good, or at once if it has;
+    /// returns its number for [`Engine::remove_failure_hook`].
+    pub fn on_failure(&self, hook: Box<dyn Fn() + Send + Sync>) -> u64 {
+        let mut hooks = self.failure_hooks.lock().unwrap_or_else(|p| p.into_inner());
+        if self.failed().is_some() {
+            hook();
+        }
+        hooks.next += 1;
+        let id = hooks.next;
+        hooks.hooks.push((id, hook));
+        id
+    }
+
+    /// Forgets a hook of [`Engine::on_failure`]; it is not called after this.
+    pub fn remove_failure_hook(&self, id: u64) {
+        let mut hooks = self.failure_hooks.lock().unwrap_or_else(|p| p.into_inner());
+        hooks.hooks.retain(|(i, _)| *i != id);
     }
 
     /// Wake completion waiters after a step that moved frames. Only

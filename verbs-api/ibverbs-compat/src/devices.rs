@@ -269,9 +269,20 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     let c = &mut vctx.context;
     c.device = dev;
     c.cmd_fd = -1;
-    // SAFETY: plain syscall; an eventfd nobody writes: no async events
-    // (a reader blocks, as with a device that has none to report).
+    // SAFETY: plain syscall. An eventfd made readable, for good, when the
+    // device's engine stops (IBV_EVENT_DEVICE_FATAL; rdma-core's async fd
+    // then polls readable too); other async events are looked up by
+    // ibv_get_async_event itself.
     c.async_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    let fd = c.async_fd;
+    let fatal_hook = (fd >= 0).then(|| {
+        ctx.on_failure(move || {
+            let one = 1u64;
+            // SAFETY: our eventfd, open until ibv_close_device removes this
+            // hook; writes 8 bytes from a local.
+            let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+        })
+    });
     c.num_comp_vectors = 1;
     c.abi_compat = usize::MAX as *mut c_void; // __VERBS_ABI_IS_EXTENDED
     crate::datapath::fill_ops(&mut c.ops);
@@ -281,6 +292,8 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
         dev: d,
         ifindex,
         objects: std::sync::Mutex::new(Default::default()),
+        fatal_reported: Default::default(),
+        fatal_hook,
     });
     // SAFETY: just allocated.
     unsafe { ptr::addr_of_mut!((*f).vctx.context) }
@@ -297,6 +310,10 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ffi::ibv_context) -> c_int {
     let f = unsafe { fctx(ctx) } as *const FContext as *mut FContext;
     // SAFETY: allocated by leak() in ibv_open_device; nothing uses it now.
     let b = unsafe { Box::from_raw(f) };
+    // The fd may not be written once closed (its number is reused).
+    if let Some(id) = b.fatal_hook {
+        b.ctx.remove_failure_hook(id);
+    }
     if b.vctx.context.async_fd >= 0 {
         // SAFETY: our own fd.
         unsafe { libc::close(b.vctx.context.async_fd) };

@@ -41,6 +41,11 @@ pub struct FContext {
     pub ifindex: u32,
     /// Live CQs, QPs and SRQs (addresses), to name them in async events.
     pub objects: Mutex<Objects>,
+    /// IBV_EVENT_DEVICE_FATAL has been handed out (the device's packet
+    /// engine stopped: its interface went away).
+    pub fatal_reported: std::sync::atomic::AtomicBool,
+    /// The engine-failure hook that writes the async fd (removed at close).
+    pub fatal_hook: Option<u64>,
 }
 
 /// What asynchronous events may name.

@@ -155,7 +155,10 @@ pub extern "C" fn ibv_is_fork_initialized() -> c_int {
 /// The next asynchronous event of the device (CQ overrun, SRQ limit, last
 /// WQE, SQ drained), as ferroce's core reports them. Blocks until one comes
 /// (looking every few milliseconds) unless the context's async_fd was made
-/// non-blocking.
+/// non-blocking. When the device's engine has stopped for good (its
+/// interface went away), IBV_EVENT_DEVICE_FATAL follows the events still
+/// queued, once, and then EIO, as rdma-core's uverbs give them when a
+/// device is removed.
 ///
 /// # Safety
 /// Live context, writable event.
@@ -223,6 +226,22 @@ pub unsafe extern "C" fn ibv_get_async_event(
                 };
                 return 0;
             }
+        }
+        if f.ctx.failure().is_some() {
+            if f.fatal_reported
+                .swap(true, std::sync::atomic::Ordering::AcqRel)
+            {
+                crate::handles::set_errno(libc::EIO);
+                return -1;
+            }
+            // SAFETY: writable (caller).
+            unsafe {
+                *event = ffi::ibv_async_event {
+                    element: ffi::ibv_async_event__bindgen_ty_1 { port_num: 0 },
+                    event_type: ffi::IBV_EVENT_DEVICE_FATAL,
+                }
+            };
+            return 0;
         }
         if nonblock {
             crate::handles::set_errno(libc::EAGAIN);

@@ -396,3 +396,65 @@ fn multicast_attach_and_detach() {
     })
     .unwrap();
 }
+
+/// When a device's interface goes away its engine stops, and the context's
+/// async fd says so as rdma-core's does when rxe's netdev is removed: the fd
+/// turns readable, `ibv_get_async_event` gives IBV_EVENT_DEVICE_FATAL once,
+/// then fails with EIO. (Raw backends only: they see the interface go.)
+#[test]
+fn device_fatal_when_the_interface_goes() {
+    if !common::can_run("device_fatal_when_the_interface_goes", &[]) {
+        return;
+    }
+    if !matches!(common::backend().as_str(), "afpacket" | "afxdp") {
+        eprintln!("SKIP device_fatal_when_the_interface_goes: a raw backend sees its interface go");
+        return;
+    }
+    let topo = common::topology("cfatal");
+    std::env::set_var("FERROCE_DEVICE", &topo.host(0).ifname);
+    std::env::set_var("FERROCE_BACKEND", common::backend());
+    // SAFETY: the library's C entry points, called as a C program would.
+    let a = topo
+        .run_in(0, || unsafe { open_side(false, false) })
+        .unwrap();
+    let ctx = a.ctx as *mut ffi::ibv_context;
+    // SAFETY: live context.
+    let fd = unsafe { (*ctx).async_fd };
+    // SAFETY: our fd; live context, a local event.
+    unsafe {
+        libc::fcntl(
+            fd,
+            libc::F_SETFL,
+            libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK,
+        );
+        let mut ev = ffi::ibv_async_event::default();
+        assert_eq!(misc::ibv_get_async_event(ctx, &mut ev), -1, "nothing yet");
+        assert_eq!(*libc::__errno_location(), libc::EAGAIN);
+    }
+    assert!(!readable(fd, 0), "async fd quiet while the device works");
+    let out = topo
+        .command(0, "ip")
+        .args(["link", "del", &topo.host(0).ifname])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "ip link del: {out:?}");
+    let r = readable(fd, 5000);
+    assert!(r, "async fd readable once the interface is gone");
+    // SAFETY: live context, a local event.
+    unsafe {
+        let mut ev = ffi::ibv_async_event::default();
+        assert_eq!(misc::ibv_get_async_event(ctx, &mut ev), 0);
+        assert_eq!(ev.event_type, ffi::IBV_EVENT_DEVICE_FATAL);
+        assert_eq!(ev.element.port_num, 0);
+        misc::ibv_ack_async_event(&mut ev);
+        assert_eq!(misc::ibv_get_async_event(ctx, &mut ev), -1, "once");
+        assert_eq!(*libc::__errno_location(), libc::EIO);
+        // Tear-down still works on a dead device.
+        qp::ibv_destroy_qp(a.qp as *mut ffi::ibv_qp);
+        resources::ibv_dereg_mr(a.mr as *mut ffi::ibv_mr);
+        resources::ibv_destroy_cq(a.cq as *mut ffi::ibv_cq);
+        channel::ibv_destroy_comp_channel(a.ch as *mut ffi::ibv_comp_channel);
+        resources::ibv_dealloc_pd(a.pd as *mut ffi::ibv_pd);
+        assert_eq!(devices::ibv_close_device(ctx), 0);
+    }
+}
