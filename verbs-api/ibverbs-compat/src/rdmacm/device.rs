@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::net::IpAddr;
 use std::ptr;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use ferroce_stack::wire::mad::sidr_status;
@@ -54,6 +54,8 @@ pub struct CmDevice {
     default_pd: OnceLock<usize>,
     /// Refused requests to send again, and when.
     redials: Mutex<Vec<(Instant, Arc<CmId>)>>,
+    /// IDs bound or resolved to this device: told when it goes away.
+    bound: Mutex<Vec<Weak<CmId>>>,
 }
 
 // SAFETY: `verbs` names a context that is never closed; everything else is
@@ -105,6 +107,7 @@ fn open(fdev: *mut FDevice) -> Result<&'static CmDevice, c_int> {
         dispatching: Mutex::new(()),
         default_pd: OnceLock::new(),
         redials: Mutex::new(Vec::new()),
+        bound: Mutex::new(Vec::new()),
     }));
     let spawned = std::thread::Builder::new()
         .name(format!("ferroce-cm-{}", dev.ifname))
@@ -167,6 +170,15 @@ impl CmDevice {
         lock(&self.agent)
     }
 
+    /// `id` is bound to this device (rdma_bind_addr, rdma_resolve_addr, a
+    /// request's ID): RDMA_CM_EVENT_DEVICE_REMOVAL reaches it if the device
+    /// goes away.
+    pub fn track(&self, id: &Arc<CmId>) {
+        let mut b = lock(&self.bound);
+        b.retain(|w| w.strong_count() > 0);
+        b.push(Arc::downgrade(id));
+    }
+
     /// Events of connection `comm_id` go to `id` (called with the agent
     /// held, so no event of it can be handed out before).
     pub fn own(&self, comm_id: u32, id: &Arc<CmId>) {
@@ -210,6 +222,11 @@ impl CmDevice {
         let cq = self.agent().completion_queue();
         loop {
             self.pump();
+            // SAFETY: a context of this library, never closed.
+            if unsafe { fctx(self.verbs) }.ctx.failure().is_some() {
+                self.removed();
+                return;
+            }
             let next = [
                 self.agent().next_timer(),
                 lock(&self.redials).iter().map(|(at, _)| *at).min(),
@@ -221,6 +238,32 @@ impl CmDevice {
                 .fold(IDLE_WAIT, Duration::min);
             if !wait.is_zero() {
                 let _ = cq.wait(wait);
+            }
+        }
+    }
+
+    /// The device's engine stopped for good (its interface went away): as
+    /// rdma_cm does for a removed device, every ID on it gets
+    /// RDMA_CM_EVENT_DEVICE_REMOVAL (the program is to destroy it), and a
+    /// later bind on the interface's name opens a new device.
+    fn removed(&'static self) {
+        lock(&OPEN).retain(|d| !std::ptr::eq(*d, self));
+        let mut ids: Vec<Arc<CmId>> = lock(&self.bound)
+            .drain(..)
+            .filter_map(|w| w.upgrade())
+            .collect();
+        ids.extend(lock(&self.listeners).values().cloned());
+        ids.extend(lock(&self.owners).values().cloned());
+        let mut seen = std::collections::HashSet::new();
+        let _order = lock(&self.dispatching);
+        for id in ids {
+            if seen.insert(Arc::as_ptr(&id) as usize) {
+                id.report(Event::new(
+                    &id,
+                    id.handle(),
+                    ffi::RDMA_CM_EVENT_DEVICE_REMOVAL,
+                    0,
+                ));
             }
         }
     }

@@ -100,6 +100,7 @@ pub fn child_of(
     };
     let id = CmId::new(c);
     {
+        dev.track(&id);
         let mut st = id.state();
         st.dev = Some(dev);
         st.src = Some(SocketAddr::new(local_ip, port));
@@ -276,6 +277,9 @@ pub(super) fn bind(me: &Arc<CmId>, mut a: SocketAddr) -> Result<(), c_int> {
             return Err(libc::EADDRINUSE);
         }
     }
+    if let Some(d) = dev {
+        d.track(me);
+    }
     let mut st = me.state();
     st.dev = dev;
     st.src = Some(a);
@@ -322,6 +326,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
             .map(|s| s.port())
             .filter(|p| *p != 0)
             .unwrap_or_else(ephemeral_port);
+        dev.track(&me);
         let mut st = me.state();
         st.dev = Some(dev);
         st.src = Some(SocketAddr::new(src_ip, port));
