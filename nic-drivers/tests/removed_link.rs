@@ -10,6 +10,24 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
+/// Receives (as an engine does, sleeping on the fd between) until the
+/// backend fails, within `limit`; its error must say the interface is gone.
+fn assert_gone(io: &mut Io, ring: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let why = loop {
+        assert!(
+            Instant::now() < deadline,
+            "{ring}: still no error {limit:?} after the interface went away"
+        );
+        let _ = ferroce_nic::wait_readable_any(&[io.poll_fd()], Some(Duration::from_millis(20)));
+        match io.recv(64, &mut |_: &[u8]| ()) {
+            Ok(_) => continue,
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(why.contains("the interface is gone"), "{ring}: {why}");
+}
+
 #[test]
 fn a_removed_interface_fails_the_backend() {
     if !root_or_skip("afpacket removed interface") {
@@ -34,20 +52,7 @@ fn a_removed_interface_fails_the_backend() {
         );
         let del = t.command(0, "ip").args(["link", "del", &ifname]).status();
         assert!(del.is_ok_and(|s| s.success()), "ip link del {ifname}");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let why = loop {
-            assert!(
-                Instant::now() < deadline,
-                "{ring}: still no error 5 s after the interface went away"
-            );
-            let _ =
-                ferroce_nic::wait_readable_any(&[io.poll_fd()], Some(Duration::from_millis(20)));
-            match io.recv(64, &mut |_: &[u8]| ()) {
-                Ok(_) => continue,
-                Err(e) => break e.to_string(),
-            }
-        };
-        assert!(why.contains("the interface is gone"), "{ring}: {why}");
+        assert_gone(&mut io, ring, Duration::from_secs(5));
     }
 }
 
@@ -84,19 +89,6 @@ fn an_interface_removed_after_going_down_still_fails_the_backend() {
         }
         let del = t.command(0, "ip").args(["link", "del", &ifname]).status();
         assert!(del.is_ok_and(|s| s.success()), "ip link del {ifname}");
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let why = loop {
-            assert!(
-                Instant::now() < deadline,
-                "{ring}: still no error 2 s after the interface went away"
-            );
-            let _ =
-                ferroce_nic::wait_readable_any(&[io.poll_fd()], Some(Duration::from_millis(20)));
-            match io.recv(64, &mut |_: &[u8]| ()) {
-                Ok(_) => continue,
-                Err(e) => break e.to_string(),
-            }
-        };
-        assert!(why.contains("the interface is gone"), "{ring}: {why}");
+        assert_gone(&mut io, ring, Duration::from_secs(2));
     }
 }

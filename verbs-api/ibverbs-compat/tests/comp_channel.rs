@@ -9,6 +9,8 @@
 
 mod common;
 
+use common::readable;
+
 use std::ffi::c_void;
 use std::ptr;
 
@@ -116,16 +118,6 @@ unsafe fn open_side(cq_ex: bool, with_srq: bool) -> Side {
             srq: srq as usize,
         }
     }
-}
-
-fn readable(fd: i32, ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one pollfd.
-    unsafe { libc::poll(&mut p, 1, ms) == 1 && p.revents & libc::POLLIN != 0 }
 }
 
 #[test]

@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::readable;
+
 use std::ffi::c_void;
 use std::net::Ipv4Addr;
 use std::ptr;
@@ -25,16 +27,6 @@ fn sockaddr(ip: Ipv4Addr, port: u16) -> libc::sockaddr_in {
         },
         sin_zero: [0; 8],
     }
-}
-
-fn readable(fd: i32, ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one pollfd.
-    unsafe { libc::poll(&mut p, 1, ms) == 1 && p.revents & libc::POLLIN != 0 }
 }
 
 /// The next event of `ch` within `ms`: its type and ID, acknowledged.

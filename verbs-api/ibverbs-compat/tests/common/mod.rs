@@ -179,3 +179,14 @@ pub fn serve_and_run(
     );
     (stext, ctext)
 }
+
+/// Whether `fd` polls readable within `ms` milliseconds.
+pub fn readable(fd: i32, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd.
+    unsafe { libc::poll(&mut p, 1, ms) == 1 && p.revents & libc::POLLIN != 0 }
+}
