@@ -51,6 +51,10 @@ pub struct FChannel {
     removing: AtomicUsize,
     stop: AtomicBool,
     notifier: Mutex<Option<JoinHandle<()>>>,
+    /// The engine-failure hook that makes the fd readable for good (the
+    /// device died: ibv_get_cq_event fails with EIO, as rdma-core's channel
+    /// of a removed device does); removed before the fd closes.
+    fatal_hook: Option<u64>,
 }
 
 impl std::fmt::Debug for FChannel {
@@ -219,6 +223,17 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
     if fd < 0 {
         return ptr::null_mut();
     }
+    let fatal_hook = (!ctx.is_null()).then(|| {
+        // SAFETY: a live context (caller).
+        unsafe { crate::handles::fctx(ctx) }
+            .ctx
+            .on_failure(move || {
+                let one = 1u64;
+                // SAFETY: our eventfd, open until ibv_destroy_comp_channel
+                // removes this hook; writes 8 bytes from a local.
+                let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+            })
+    });
     leak(FChannel {
         ibv: ffi::ibv_comp_channel {
             context: ctx,
@@ -231,6 +246,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
         removing: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
         notifier: Mutex::new(None),
+        fatal_hook,
     }) as *mut ffi::ibv_comp_channel
 }
 
@@ -253,6 +269,12 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ffi::ibv_comp_channel
     }
     // SAFETY: allocated by leak(); the notifier has ended.
     let b = unsafe { Box::from_raw(ch as *mut FChannel) };
+    if let (Some(id), false) = (b.fatal_hook, b.ibv.context.is_null()) {
+        // SAFETY: the channel's context outlives it (destroyed first, as with rdma-core).
+        unsafe { crate::handles::fctx(b.ibv.context) }
+            .ctx
+            .remove_failure_hook(id);
+    }
     // SAFETY: our own fd.
     unsafe { libc::close(b.ibv.fd) };
     0
@@ -288,6 +310,18 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                 }
             }
             return 0;
+        }
+        // A dead device: EIO, as rdma-core's channel gives once the device
+        // is removed (its fd stays readable, so a poll loop sees it).
+        // SAFETY: the channel's context outlives it.
+        if !c.ibv.context.is_null()
+            && unsafe { crate::handles::fctx(c.ibv.context) }
+                .ctx
+                .failure()
+                .is_some()
+        {
+            set_errno(libc::EIO);
+            return -1;
         }
         if nonblock {
             set_errno(libc::EAGAIN);

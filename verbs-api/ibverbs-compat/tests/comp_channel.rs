@@ -392,7 +392,9 @@ fn multicast_attach_and_detach() {
 /// When a device's interface goes away its engine stops, and the context's
 /// async fd says so as rdma-core's does when rxe's netdev is removed: the fd
 /// turns readable, `ibv_get_async_event` gives IBV_EVENT_DEVICE_FATAL once,
-/// then fails with EIO. (Raw backends only: they see the interface go.)
+/// then fails with EIO; a completion channel's fd turns readable and
+/// `ibv_get_cq_event` fails with EIO. (Raw backends only: they see the
+/// interface go.)
 #[test]
 fn device_fatal_when_the_interface_goes() {
     if !common::can_run("device_fatal_when_the_interface_goes", &[]) {
@@ -440,6 +442,12 @@ fn device_fatal_when_the_interface_goes() {
         assert_eq!(ev.element.port_num, 0);
         misc::ibv_ack_async_event(&mut ev);
         assert_eq!(misc::ibv_get_async_event(ctx, &mut ev), -1, "once");
+        assert_eq!(*libc::__errno_location(), libc::EIO);
+        // The completion channel too: readable, and its call fails with EIO.
+        let ch = a.ch as *mut ffi::ibv_comp_channel;
+        assert!(readable((*ch).fd, 1000), "channel fd readable");
+        let (mut cq, mut cq_ctx) = (ptr::null_mut(), ptr::null_mut());
+        assert_eq!(channel::ibv_get_cq_event(ch, &mut cq, &mut cq_ctx), -1);
         assert_eq!(*libc::__errno_location(), libc::EIO);
         // Tear-down still works on a dead device.
         qp::ibv_destroy_qp(a.qp as *mut ffi::ibv_qp);
