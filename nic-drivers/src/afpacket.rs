@@ -405,8 +405,6 @@ pub struct AfPacketIo {
     share: Option<RawShare>,
     /// Multicast groups joined on the interface (frames arrive on the ring).
     mcast: Memberships,
-    // The RX ring carries a virtio-net header before each frame (GSO size).
-    vnet: bool,
     rx: RxScratch,
     // Frames too big for a V2 slot, read whole from the socket.
     whole: Vec<u8>,
@@ -462,12 +460,11 @@ struct RxScratch {
     scratch: Vec<u8>,
     /// IPv4 IDs of the frames a GSO super-frame is cut into.
     ids: IdRecovery,
-    /// The interface's MTU: a longer frame is a super-frame.
-    mtu: usize,
-    /// No virtio-net header tells a GSO frame's segment size (Linux < 6.2):
-    /// a frame whose UDP checksum the kernel left to the device (from a
-    /// socket on this host) may be one, and is looked into.
-    unsized_gso: bool,
+    /// The RX ring carries a virtio-net header before each frame (its GSO
+    /// size). Without one (Linux < 6.2) a frame whose UDP checksum the
+    /// kernel left to the device (from a socket on this host) may be a GSO
+    /// super-frame, and is looked into.
+    vnet: bool,
 }
 
 /// What the kernel left undone on a received frame (see `offload`).
@@ -489,12 +486,12 @@ fn deliver(
     vlan: Option<(u16, u16)>,
     mut pending: Pending,
     rx: &mut RxScratch,
+    mtu: usize,
     sink: &mut RxSinkChecked<'_>,
 ) -> (usize, usize) {
     // A local UDP socket's GSO send the kernel could not describe (Linux <
     // 6.2), which a frame longer than the link carries can only be.
-    let look_inside =
-        pending.gso_size == 0 && ((rx.unsized_gso && pending.csum) || f.len() > rx.mtu + 18);
+    let look_inside = pending.gso_size == 0 && ((!rx.vnet && pending.csum) || f.len() > mtu + 18);
     if vlan.is_none() && !pending.csum && !look_inside {
         sink(f, false);
         return (1, f.len());
@@ -513,7 +510,7 @@ fn deliver(
     if look_inside {
         // IPv4 and UDP headers come off the MTU (IPv6's are longer still);
         // 0: a single datagram after all.
-        pending.gso_size = offload::infer_gso_size(frame, rx.mtu.saturating_sub(28)).unwrap_or(0);
+        pending.gso_size = offload::infer_gso_size(frame, mtu.saturating_sub(28)).unwrap_or(0);
     }
     if pending.gso_size > 0 {
         let l3 = match frame.get(12..14) {
@@ -826,12 +823,10 @@ impl AfPacketIo {
                 None
             },
             share,
-            vnet,
             rx: RxScratch {
                 scratch: vec![0u8; frame_size + 4],
                 ids: IdRecovery::default(),
-                mtu,
-                unsized_gso: !vnet,
+                vnet,
             },
             whole: Vec::new(),
             stats: Stats::default(),
@@ -873,7 +868,7 @@ impl AfPacketIo {
                 });
                 let pending = self.pending(hdr, mac_off, pstatus);
                 if let Some(f) = self.rx_ring.slice_mut(hdr + mac_off, snaplen) {
-                    let (frames, len) = deliver(f, vlan, pending, &mut self.rx, sink);
+                    let (frames, len) = deliver(f, vlan, pending, &mut self.rx, self.mtu, sink);
                     self.count_rx(frames, len);
                     n += frames.max(1);
                 } else {
@@ -948,7 +943,7 @@ impl AfPacketIo {
             csum: status & TP_STATUS_CSUMNOTREADY != 0,
             gso_size: 0,
         };
-        if self.vnet && mac_off >= VNET_HDR_LEN {
+        if self.rx.vnet && mac_off >= VNET_HDR_LEN {
             if let Some(v) = self
                 .rx_ring
                 .slice(hdr + mac_off - VNET_HDR_LEN, VNET_HDR_LEN)
@@ -987,16 +982,20 @@ impl AfPacketIo {
             )
         };
         self.stats.syscalls += 1;
-        let hl = if self.vnet { VNET_HDR_LEN } else { 0 };
+        let hl = if self.rx.vnet { VNET_HDR_LEN } else { 0 };
         let Some(got) = usize::try_from(got).ok().filter(|&g| g > hl) else {
             return (0, 0);
         };
         let (v, f) = self.whole[..got].split_at_mut(hl);
         let pending = Pending {
             csum: status & TP_STATUS_CSUMNOTREADY != 0,
-            gso_size: if self.vnet { gso::udp_gso_size(v) } else { 0 },
+            gso_size: if self.rx.vnet {
+                gso::udp_gso_size(v)
+            } else {
+                0
+            },
         };
-        deliver(f, vlan, pending, &mut self.rx, sink)
+        deliver(f, vlan, pending, &mut self.rx, self.mtu, sink)
     }
 
     /// TPACKET_V2 receive: one frame per slot, slots in ring order.
@@ -1031,7 +1030,7 @@ impl AfPacketIo {
             } else {
                 match self.rx_ring.slice_mut(hdr + mac_off, snaplen) {
                     Some(f) if mac_off + snaplen <= V2_RX_FRAME => {
-                        let (frames, len) = deliver(f, vlan, pending, &mut self.rx, sink);
+                        let (frames, len) = deliver(f, vlan, pending, &mut self.rx, self.mtu, sink);
                         self.count_rx(frames, len);
                         n += frames.max(1);
                     }
@@ -1607,12 +1606,12 @@ pub(crate) mod tests {
         s
     }
 
-    fn rx(unsized_gso: bool) -> RxScratch {
+    /// The receive path's state; `sized`: virtio-net headers give GSO sizes (Linux >= 6.2).
+    fn rx(sized: bool) -> RxScratch {
         RxScratch {
             scratch: Vec::new(),
             ids: IdRecovery::default(),
-            mtu: 9000,
-            unsized_gso,
+            vnet: sized,
         }
     }
 
@@ -1625,7 +1624,7 @@ pub(crate) mod tests {
             csum: true,
             gso_size: 0,
         };
-        let (n, _) = deliver(f, None, pending, rx, &mut |s: &[u8], checked| {
+        let (n, _) = deliver(f, None, pending, rx, 9000, &mut |s: &[u8], checked| {
             out.push((s.to_vec(), checked))
         });
         assert_eq!(n, out.len());
@@ -1650,7 +1649,7 @@ pub(crate) mod tests {
         ];
         for frames in runs {
             let mut sup = super_frame(&frames);
-            let out = delivered(&mut sup, &mut rx(true));
+            let out = delivered(&mut sup, &mut rx(false));
             assert_eq!(out.len(), frames.len());
             for ((got, checked), want) in out.iter().zip(&frames) {
                 assert_eq!(got, want);
@@ -1658,7 +1657,7 @@ pub(crate) mod tests {
             }
             // Where the kernel says the size (Linux >= 6.2) nothing is guessed.
             let mut sup = super_frame(&frames);
-            assert_eq!(delivered(&mut sup, &mut rx(false)).len(), 1);
+            assert_eq!(delivered(&mut sup, &mut rx(true)).len(), 1);
         }
     }
 
@@ -1668,7 +1667,7 @@ pub(crate) mod tests {
         // core do): the cut's 0, 1, 2, ... are wrong and get put right.
         let frames: Vec<Vec<u8>> = (0..4).map(|k| roce_v4(false, 40 + k, 0, 2048)).collect();
         let mut sup = super_frame(&frames);
-        let mut r = rx(true);
+        let mut r = rx(false);
         let out = delivered(&mut sup, &mut r);
         assert_eq!(out.len(), 4);
         for ((got, checked), want) in out.iter().zip(&frames) {
@@ -1684,7 +1683,7 @@ pub(crate) mod tests {
             let want = roce_v4(false, 5, 0, n);
             let mut f = want.clone();
             f[40..42].copy_from_slice(&0x1234u16.to_be_bytes());
-            let out = delivered(&mut f, &mut rx(true));
+            let out = delivered(&mut f, &mut rx(false));
             assert_eq!(
                 out,
                 vec![(want, false)],
@@ -1694,7 +1693,7 @@ pub(crate) mod tests {
         // Not RoCE, or cut short: left as it is, no panic.
         for len in [0, 13, 14, 41, 60] {
             let mut f = vec![0x45u8; len];
-            let _ = delivered(&mut f, &mut rx(true));
+            let _ = delivered(&mut f, &mut rx(false));
         }
     }
 }

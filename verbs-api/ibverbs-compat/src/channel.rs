@@ -225,14 +225,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
     }
     let fatal_hook = (!ctx.is_null()).then(|| {
         // SAFETY: a live context (caller).
-        unsafe { crate::handles::fctx(ctx) }
-            .ctx
-            .on_failure(move || {
-                let one = 1u64;
-                // SAFETY: our eventfd, open until ibv_destroy_comp_channel
-                // removes this hook; writes 8 bytes from a local.
-                let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
-            })
+        crate::handles::signal_on_failure(&unsafe { crate::handles::fctx(ctx) }.ctx, fd)
     });
     leak(FChannel {
         ibv: ffi::ibv_comp_channel {

@@ -275,14 +275,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     // ibv_get_async_event itself.
     c.async_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
     let fd = c.async_fd;
-    let fatal_hook = (fd >= 0).then(|| {
-        ctx.on_failure(move || {
-            let one = 1u64;
-            // SAFETY: our eventfd, open until ibv_close_device removes this
-            // hook; writes 8 bytes from a local.
-            let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
-        })
-    });
+    let fatal_hook = (fd >= 0).then(|| crate::handles::signal_on_failure(&ctx, fd));
     c.num_comp_vectors = 1;
     c.abi_compat = usize::MAX as *mut c_void; // __VERBS_ABI_IS_EXTENDED
     crate::datapath::fill_ops(&mut c.ops);

@@ -212,3 +212,16 @@ pub fn errno_of(e: &ferroce_verbs::Error) -> i32 {
 pub fn leak<T>(v: T) -> *mut T {
     Box::into_raw(Box::new(v))
 }
+
+/// Makes eventfd `fd` readable for good once `ctx`'s device engine stops
+/// (rdma-core's async and completion fds of a removed device poll readable);
+/// returns the hook's number, to remove before `fd` closes (its number is
+/// reused after).
+pub fn signal_on_failure(ctx: &ferroce_verbs::Context, fd: std::ffi::c_int) -> u64 {
+    ctx.on_failure(move || {
+        let one = 1u64;
+        // SAFETY: an eventfd kept open until this hook is removed; writes 8
+        // bytes from a local.
+        let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+    })
+}
