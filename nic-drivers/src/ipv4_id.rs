@@ -73,6 +73,20 @@ fn is_plain_ipv4(l3: &[u8]) -> bool {
         && l3.get(IPV4_HLEN + 8 + 1).is_some_and(|b| b & 0x0f == 0)
 }
 
+/// Whether `l3` (IPv4 header to the end of the ICRC) is RoCE whose ICRC is right as it stands.
+pub fn icrc_ok(l3: &[u8]) -> bool {
+    let Some(end) = l3.len().checked_sub(icrc::ICRC_LEN) else {
+        return false;
+    };
+    is_plain_ipv4(l3)
+        && end >= IPV4_HLEN
+        && l3
+            .get(end..)
+            .and_then(|c| c.try_into().ok())
+            .map(u32::from_le_bytes)
+            == icrc::compute(&l3[..end], false)
+}
+
 /// Writes `id` and recomputes the header checksum.
 fn write_id(l3: &mut [u8], id: u16) {
     l3[ID_AT..ID_AT + 2].copy_from_slice(&id.to_be_bytes());
