@@ -1340,8 +1340,9 @@ impl PacketIo for AfPacketIo {
         self.recv_checked(max, &mut |f: &[u8], _| sink(f))
     }
 
-    /// Frames cut from a GSO super-frame come with their ICRC checked
-    /// (see `deliver`); others are left to the transport to check.
+    /// Frames cut from a GSO super-frame, and before Linux 6.2 whole frames
+    /// whose checksum the NIC left, come with their ICRC checked (see
+    /// `deliver`); others are left to the transport to check.
     fn recv_checked(
         &mut self,
         max: usize,

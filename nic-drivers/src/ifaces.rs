@@ -19,9 +19,70 @@ pub struct Link {
     pub mtu: u32,
     /// Administratively up (IFF_UP).
     pub up: bool,
+    /// Up with a carrier (IFF_RUNNING): what an rxe port on it reports as ACTIVE.
+    pub running: bool,
     /// Addresses and prefix lengths in the kernel's order: IPv4 first,
     /// primary before secondary, as `ip -o addr` lists them.
     pub addrs: Vec<(IpAddr, u8)>,
+}
+
+/// The index of the interface `name` in the calling thread's network
+/// namespace; None if there is none.
+pub fn index(name: &str) -> Option<u32> {
+    let name = std::ffi::CString::new(name).ok()?;
+    // SAFETY: name is a NUL-terminated string that outlives the call.
+    let i = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    (i != 0).then_some(i)
+}
+
+/// An interface's state, as an rxe port follows its netdev's: the port is
+/// active while the interface is up and running (netif_running and an
+/// operational carrier, which the kernel reports as IFF_RUNNING).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkState {
+    /// Administratively up (IFF_UP).
+    pub up: bool,
+    /// Up with a carrier (IFF_RUNNING).
+    pub running: bool,
+}
+
+impl LinkState {
+    /// What an rxe port on it reports as ACTIVE.
+    pub fn active(&self) -> bool {
+        self.up && self.running
+    }
+}
+
+/// Asks after one interface, by index, through a socket of the namespace it
+/// was made in (so any thread may ask, whatever its own namespace).
+#[derive(Debug)]
+pub struct LinkWatch {
+    sock: std::os::fd::OwnedFd,
+    index: u32,
+}
+
+impl LinkWatch {
+    /// Watches the interface `name` of the calling thread's namespace.
+    pub fn new(name: &str) -> Result<LinkWatch, NicError> {
+        let index = index(name).ok_or_else(|| NicError::NoSuchInterface(name.into()))?;
+        let sock = std::net::UdpSocket::bind("0.0.0.0:0")
+            .or_else(|_| std::net::UdpSocket::bind("[::]:0"))
+            .map_err(|e| NicError::io("socket for interface ioctls", e))?;
+        Ok(LinkWatch {
+            sock: sock.into(),
+            index,
+        })
+    }
+
+    /// The interface's state now; None once it is gone.
+    pub fn state(&self) -> Option<LinkState> {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.sock);
+        let flags = sys::if_flags_by_index(fd, self.index)?;
+        Some(LinkState {
+            up: flags & libc::IFF_UP != 0,
+            running: flags & libc::IFF_RUNNING != 0,
+        })
+    }
 }
 
 /// The interfaces in index order, as `ip -o link` lists them.
@@ -61,6 +122,7 @@ pub fn links() -> Result<Vec<Link>, NicError> {
                 mac,
                 mtu: 0,
                 up: ifa.ifa_flags & libc::IFF_UP as u32 != 0,
+                running: ifa.ifa_flags & libc::IFF_RUNNING as u32 != 0,
                 addrs: Vec::new(),
             });
             continue;
@@ -127,6 +189,19 @@ fn prefix_len(mask: *const libc::sockaddr) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loopback_is_watched_active() {
+        let w = LinkWatch::new("lo").unwrap();
+        assert_eq!(
+            w.state(),
+            Some(LinkState {
+                up: true,
+                running: true
+            })
+        );
+        assert!(LinkWatch::new("no-such-if0").is_err());
+    }
 
     #[test]
     fn loopback_is_listed_up_with_its_addresses() {

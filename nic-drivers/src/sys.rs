@@ -175,6 +175,25 @@ pub(crate) fn if_mtu(fd: RawFd, name: &str) -> Result<usize, NicError> {
     Ok(mtu.max(0) as usize)
 }
 
+/// The flags (IFF_UP, IFF_RUNNING, ...) of the interface with index
+/// `index`, asked through `fd` (so in `fd`'s network namespace). None when
+/// there is no such interface.
+pub(crate) fn if_flags_by_index(fd: RawFd, index: u32) -> Option<libc::c_int> {
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    ifr.ifr_ifru.ifru_ifindex = libc::c_int::try_from(index).ok()?;
+    // SAFETY: SIOCGIFNAME reads ifru_ifindex and writes ifr_name within the struct.
+    if unsafe { libc::ioctl(fd, libc::SIOCGIFNAME, &mut ifr) } < 0 {
+        return None;
+    }
+    // SAFETY: SIOCGIFFLAGS reads ifr_name and writes ifru_flags within the struct.
+    if unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr) } < 0 {
+        return None;
+    }
+    // SAFETY: the kernel filled the ifru_flags arm of the union.
+    Some(libc::c_int::from(unsafe { ifr.ifr_ifru.ifru_flags }) & 0xffff)
+}
+
 fn copy_ifname(ifr: &mut libc::ifreq, name: &str) -> Result<(), NicError> {
     let b = name.as_bytes();
     if b.is_empty() || b.len() >= ifr.ifr_name.len() {

@@ -78,6 +78,10 @@ const MAX_DGRAM: usize = 65_507;
 const SOCKET_TTL: u8 = 64;
 // Room for the control messages we ask for (pktinfo, tos, ttl, gro, ovfl).
 const CMSG_ROOM: usize = 256;
+/// Empty receives between two looks at whether the interface is still
+/// there ([`UdpIo::check_link`]): nothing wakes an idle engine when it goes,
+/// so it is seen after 64 of its longest sleeps (20 ms): ~1.3 s, as AF_XDP.
+const LINK_CHECK_EVERY: u32 = 64;
 // IPv4 + UDP header bytes in front of the RoCE payload (the core builds no IP options).
 const IPV4_UDP_HLEN: usize = 28;
 // Room for a frame's Ethernet/IP/UDP headers in front of a UDP payload: the longest the
@@ -141,6 +145,11 @@ pub struct UdpConfig {
     /// socket of a raw device, which receives everything from the wire on
     /// its own (the kernel's copy of those frames must not arrive twice).
     pub loopback_only: bool,
+    /// The index of the interface `bind`'s address is on (0: none, or not
+    /// watched). When that interface goes, the backend fails, as an rxe
+    /// device goes with its netdev: the socket stays bound and would
+    /// otherwise just never receive again.
+    pub ifindex: u32,
 }
 
 impl UdpConfig {
@@ -163,6 +172,7 @@ impl UdpConfig {
             share_port: true,
             share_prefix: None,
             loopback_only: false,
+            ifindex: 0,
         }
     }
 }
@@ -399,6 +409,8 @@ pub struct UdpIo {
     /// datagram without a segment size may still hold several frames.
     gro_stale: bool,
     gro_capable: bool,
+    /// When to look whether the interface is still there (`UdpConfig::ifindex`).
+    empty_recvs: crate::link_check::EmptyRecvs,
     // Receives since the socket was bound (when to check the share).
     share_polls: u32,
     share_warned: bool,
@@ -651,6 +663,7 @@ impl UdpIo {
             gro_on: gro,
             gro_stale: false,
             gro_capable: rx_gro,
+            empty_recvs: Default::default(),
             share_polls: 0,
             share_warned: false,
             mcast: Memberships::new(0, Some(local.ip()), Some(local.port())),
@@ -1253,6 +1266,9 @@ impl PacketIo for UdpIo {
             }
             n += self.recv_mmsg(fd, false, max - n, sink)?;
         }
+        if self.cfg.ifindex != 0 && self.empty_recvs.due(n, LINK_CHECK_EVERY) {
+            self.check_link()?;
+        }
         Ok(n)
     }
 
@@ -1339,6 +1355,30 @@ impl PacketIo for UdpIo {
 }
 
 impl UdpIo {
+    /// Fails once the interface `UdpConfig::ifindex` is gone. The kernel
+    /// leaves a socket bound to a removed address as it was, so it is asked
+    /// for the index's name (SIOCGIFNAME) through the socket itself, which
+    /// looks in the socket's network namespace, whatever thread asks.
+    fn check_link(&self) -> Result<(), NicError> {
+        // SAFETY: an all-zero ifreq is a valid value of the C struct.
+        let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+        req.ifr_ifru.ifru_ifindex = self.cfg.ifindex as libc::c_int;
+        // SAFETY: SIOCGIFNAME reads the index from req and writes the name
+        // into it; req outlives the call.
+        let r = unsafe { libc::ioctl(self.sock.as_raw_fd(), libc::SIOCGIFNAME, &mut req) };
+        let err = std::io::Error::last_os_error();
+        if r < 0 && err.raw_os_error() == Some(libc::ENODEV) {
+            return Err(NicError::Sys {
+                op: format!(
+                    "UDP socket on {} (interface {}): the interface is gone",
+                    self.local, self.cfg.ifindex
+                ),
+                source: err,
+            });
+        }
+        Ok(())
+    }
+
     /// Sends frames from `src` without copying any payload in user space.
     /// Each frame's headers are written into the TX arena where its UDP
     /// payload follows the previous frame's (its Ethernet/IP/UDP headers land

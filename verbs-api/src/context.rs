@@ -46,7 +46,12 @@ pub struct PortAttr {
     /// packet engine carries less (AF_XDP before Linux 6.6: one 4 KiB chunk).
     pub eth_mtu: u32,
     pub gid_tbl_len: u32,
+    /// The port is ACTIVE: its interface is up and running (has a carrier),
+    /// as an rxe port follows its netdev. Otherwise DOWN.
     pub active: bool,
+    /// The interface is administratively up (IFF_UP): a port that is not
+    /// active then waits for a carrier (rxe's phys_state POLLING, else DISABLED).
+    pub admin_up: bool,
 }
 
 /// What the engine has counted (frames, retransmissions, drops by reason).
@@ -255,6 +260,9 @@ impl Context {
             max_total_mcast_qp_attach: mcast::MAX_TOTAL_MCAST_QP_ATTACH,
         };
         let mut inner = Inner::new(Core::new(c, seed), io);
+        if let Some(link) = iface.and_then(|i| ferroce_nic::ifaces::LinkWatch::new(&i.name).ok()) {
+            inner.watch_link(link);
+        }
         inner.publisher = crate::counters::Publisher::new(&name, backend);
         inner.defer_tx_after_recv = opts.mode == EngineMode::Polling;
         let engine = Arc::new(Engine::new(inner, opts.mode));
@@ -316,12 +324,14 @@ impl Context {
 
     pub fn query_port(&self) -> PortAttr {
         let mtu = device::ib_mtu_for(self.shared.eth_mtu);
+        let port = self.shared.engine.lock().port;
         PortAttr {
             active_mtu: mtu,
             max_mtu: self.shared.max_mtu,
             eth_mtu: self.shared.eth_mtu,
             gid_tbl_len: self.shared.gids.len() as u32,
-            active: true,
+            active: port.active(),
+            admin_up: port.up,
         }
     }
 
@@ -494,7 +504,35 @@ impl Context {
 
     /// The next asynchronous event of the device (ibv_get_async_event), if any.
     pub fn poll_async_event(&self) -> Option<ferroce_stack::transport::AsyncEvent> {
-        self.shared.engine.lock().core.poll_event()
+        self.shared.engine.lock().poll_async_event()
+    }
+
+    /// The next change of the port's state (IBV_EVENT_PORT_ACTIVE /
+    /// IBV_EVENT_PORT_ERR), if any. The engine looks at the interface every
+    /// 100 ms; [`Context::query_port`] gives the state it last saw.
+    pub fn poll_port_event(&self) -> Option<crate::PortEvent> {
+        self.shared.engine.lock().poll_port_event()
+    }
+
+    /// Whether events wait for [`Context::poll_async_event`] or
+    /// [`Context::poll_port_event`].
+    pub fn events_waiting(&self) -> bool {
+        self.shared.engine.lock().events_waiting()
+    }
+
+    /// Calls `hook` when asynchronous events (those of
+    /// [`Context::poll_async_event`] and [`Context::poll_port_event`]) come
+    /// to wait after all were taken: to make an fd readable, say. It runs on
+    /// the engine's thread with the device locked, so it must not call into
+    /// the device. Returns its number for [`Context::remove_event_hook`].
+    pub fn on_event(&self, hook: impl Fn() + Send + Sync + 'static) -> u64 {
+        self.shared.engine.on_event(Box::new(hook))
+    }
+
+    /// Forgets a hook of [`Context::on_event`]: it is not called after this
+    /// returns.
+    pub fn remove_event_hook(&self, id: u64) {
+        self.shared.engine.remove_event_hook(id)
     }
 
     /// Run one engine step from this thread (polling mode; harmless otherwise).

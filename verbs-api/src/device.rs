@@ -64,7 +64,10 @@ pub struct Interface {
     pub name: String,
     pub mac: [u8; 6],
     pub mtu: u32,
+    /// Administratively up (IFF_UP).
     pub up: bool,
+    /// Up with a carrier (IFF_RUNNING): a port on it is ACTIVE, as rxe's.
+    pub running: bool,
     pub addrs: Vec<IfAddr>,
 }
 
@@ -79,6 +82,7 @@ pub fn interfaces() -> Result<Vec<Interface>> {
             mac: l.mac,
             mtu: l.mtu,
             up: l.up,
+            running: l.running,
             addrs: l
                 .addrs
                 .into_iter()
@@ -319,6 +323,8 @@ pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
                     Some(bind) => {
                         let mut c = UdpConfig::new(bind);
                         c.mac = iface.mac;
+                        // The device goes with its interface (DEVICE_FATAL), as rxe's.
+                        c.ifindex = ferroce_nic::ifaces::index(&cfg.ifname).unwrap_or(0);
                         // Only the transport core fills this backend's frames, and its ICRCs are right.
                         c.tx_icrc_valid = true;
                         // The kernel copies payloads straight from the regions
@@ -537,6 +543,7 @@ mod tests {
             mac: [0x02, 0x11, 0x22, 0x33, 0x44, 0x55],
             mtu: 9000,
             up: true,
+            running: true,
             addrs: vec![
                 IfAddr {
                     ip: "fd00::1".parse().unwrap(),

@@ -50,6 +50,20 @@ const SMALL_SPIN: Duration = Duration::from_micros(20);
 /// window of a large message, never a ping-pong's one or two.
 const BULK_STEP_FRAMES: usize = 8;
 
+/// How often the engine looks at its interface's state (the port's, as an
+/// rxe port follows its netdev): one ioctl pair per look.
+const LINK_POLL: Duration = Duration::from_millis(100);
+
+/// A change of the port's state (IBV_EVENT_PORT_ACTIVE / IBV_EVENT_PORT_ERR,
+/// which rxe raises when its netdev comes up or goes down).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortEvent {
+    /// The interface is up and running again.
+    Active,
+    /// The interface went down or lost its carrier.
+    Error,
+}
+
 /// `FERROCE_ENGINE_SPIN_US` makes the engine poll that long after *any*
 /// step that moved a frame (0 turns the bulk polling off too).
 fn spin_override() -> Option<Duration> {
@@ -99,6 +113,18 @@ pub(crate) struct Inner {
     pub defer_tx_after_recv: bool,
     /// A step left its transmissions to this one.
     tx_owed: bool,
+    /// The port's interface (None: the mem backend), looked at every [`LINK_POLL`].
+    link: Option<ferroce_nic::ifaces::LinkWatch>,
+    link_due: std::time::Instant,
+    /// The interface's state as last seen: the port's.
+    pub port: ferroce_nic::ifaces::LinkState,
+    /// Port events not yet taken.
+    port_events: std::collections::VecDeque<PortEvent>,
+    /// The event hooks were called for the events now waiting; cleared when
+    /// the last is taken, so the next one calls them again.
+    events_signalled: bool,
+    /// A step found events the hooks have not been told of.
+    signal_events: bool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -120,6 +146,65 @@ impl Inner {
             publisher: None,
             defer_tx_after_recv: false,
             tx_owed: false,
+            link: None,
+            link_due: epoch,
+            port: ferroce_nic::ifaces::LinkState {
+                up: true,
+                running: true,
+            },
+            port_events: Default::default(),
+            events_signalled: false,
+            signal_events: false,
+        }
+    }
+
+    /// Makes the port follow `link`'s state, starting with its state now.
+    pub fn watch_link(&mut self, link: ferroce_nic::ifaces::LinkWatch) {
+        if let Some(state) = link.state() {
+            self.port = state;
+        }
+        self.link = Some(link);
+    }
+
+    /// Looks at the interface: a port that becomes active or stops being so
+    /// queues its event, as rxe's netdev notifier does. A gone interface
+    /// changes nothing here (the backend fails the device).
+    fn poll_link(&mut self) {
+        let Some(state) = self.link.as_ref().and_then(|l| l.state()) else {
+            return;
+        };
+        if state.active() != self.port.active() {
+            self.port_events.push_back(if state.active() {
+                PortEvent::Active
+            } else {
+                PortEvent::Error
+            });
+        }
+        self.port = state;
+    }
+
+    /// The next core event (CQ error, SRQ limit, ...), if any.
+    pub fn poll_async_event(&mut self) -> Option<ferroce_stack::transport::AsyncEvent> {
+        let ev = self.core.poll_event();
+        self.events_taken();
+        ev
+    }
+
+    /// The next port event, if any.
+    pub fn poll_port_event(&mut self) -> Option<PortEvent> {
+        let ev = self.port_events.pop_front();
+        self.events_taken();
+        ev
+    }
+
+    /// Whether core or port events wait.
+    pub fn events_waiting(&self) -> bool {
+        self.core.has_events() || !self.port_events.is_empty()
+    }
+
+    fn events_taken(&mut self) {
+        if !self.events_waiting() {
+            self.events_signalled = false;
         }
     }
 
@@ -207,6 +292,14 @@ impl Inner {
                 p.write(&counters, false);
             }
         }
+        if self.link.is_some() && wall >= self.link_due {
+            self.link_due = wall + LINK_POLL;
+            self.poll_link();
+        }
+        if !self.events_signalled && self.events_waiting() {
+            self.events_signalled = true;
+            self.signal_events = true;
+        }
         Ok(moved + sent)
     }
 
@@ -291,16 +384,16 @@ impl ferroce_nic::TxSource for CoreSource<'_> {
     }
 }
 
-/// Callbacks for the engine's failure, by number.
+/// Callbacks (for the engine's failure, or its events), by number.
 #[derive(Default)]
-struct FailureHooks {
+struct Hooks {
     next: u64,
     hooks: Vec<(u64, Box<dyn Fn() + Send + Sync>)>,
 }
 
-impl std::fmt::Debug for FailureHooks {
+impl std::fmt::Debug for Hooks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FailureHooks")
+        f.debug_struct("Hooks")
             .field("hooks", &self.hooks.len())
             .finish()
     }
@@ -317,7 +410,9 @@ pub(crate) struct Engine {
     pub stop: AtomicBool,
     pub failure: Mutex<Option<String>>,
     /// Called when the engine stops for good (see [`Engine::on_failure`]).
-    failure_hooks: Mutex<FailureHooks>,
+    failure_hooks: Mutex<Hooks>,
+    /// Called when asynchronous events come to wait (see [`Engine::on_event`]).
+    event_hooks: Mutex<Hooks>,
     /// The backend's fd to sleep on, and its second one (-1: none), which
     /// may come and go (the UDP backend's multicast sockets): see
     /// [`Engine::refresh_poll_fds`].
@@ -343,7 +438,8 @@ impl Engine {
             mode,
             stop: AtomicBool::new(false),
             failure: Mutex::new(None),
-            failure_hooks: Mutex::new(FailureHooks::default()),
+            failure_hooks: Mutex::new(Hooks::default()),
+            event_hooks: Mutex::new(Hooks::default()),
             poll_fd,
             second_poll_fd,
             last_step_ns: AtomicU64::new(0),
@@ -395,6 +491,34 @@ impl Engine {
         hooks.hooks.retain(|(i, _)| *i != id);
     }
 
+    /// Calls `hook` (with the device locked: it must not lock it) after a
+    /// step that found asynchronous events (core or port) waiting where none
+    /// had waited since they were last all taken. Returns its number for
+    /// [`Engine::remove_event_hook`].
+    pub fn on_event(&self, hook: Box<dyn Fn() + Send + Sync>) -> u64 {
+        let mut hooks = self.event_hooks.lock().unwrap_or_else(|p| p.into_inner());
+        hooks.next += 1;
+        let id = hooks.next;
+        hooks.hooks.push((id, hook));
+        id
+    }
+
+    /// Forgets a hook of [`Engine::on_event`]; it is not called after this.
+    pub fn remove_event_hook(&self, id: u64) {
+        let mut hooks = self.event_hooks.lock().unwrap_or_else(|p| p.into_inner());
+        hooks.hooks.retain(|(i, _)| *i != id);
+    }
+
+    /// Tells the event hooks of events a step found.
+    fn signal_events(&self, inner: &mut Inner) {
+        if std::mem::take(&mut inner.signal_events) {
+            let hooks = self.event_hooks.lock().unwrap_or_else(|p| p.into_inner());
+            for (_, hook) in &hooks.hooks {
+                hook();
+            }
+        }
+    }
+
     /// Wake completion waiters after a step that moved frames. Only
     /// thread mode has any (polling-mode waits sleep on the backend's fd),
     /// and std's futex condvar makes a futex syscall per notify whether or
@@ -413,9 +537,10 @@ impl Engine {
 
     /// Records a step's outcome under the lock: when it ran (for the keeper)
     /// and whether it moved frames.
-    fn note_step(&self, inner: &Inner, moved: bool) {
+    fn note_step(&self, inner: &mut Inner, moved: bool) {
         self.count_moved(moved);
         self.mark_step(inner);
+        self.signal_events(inner);
     }
 
     /// Counts a step that moved frames (under the lock: see `moved_steps`).
@@ -439,7 +564,7 @@ impl Engine {
         let r = {
             let mut inner = self.lock();
             let r = inner.step();
-            self.note_step(&inner, matches!(r, Ok(n) if n > 0));
+            self.note_step(&mut inner, matches!(r, Ok(n) if n > 0));
             r
         };
         match r {
@@ -466,7 +591,7 @@ impl Engine {
             Err(std::sync::TryLockError::WouldBlock) => return None,
         };
         let r = inner.step();
-        self.note_step(&inner, matches!(r, Ok(n) if n > 0));
+        self.note_step(&mut inner, matches!(r, Ok(n) if n > 0));
         match r {
             Ok(n) => {
                 drop(inner);
@@ -523,6 +648,7 @@ impl Engine {
                 match inner.step() {
                     Ok(n) => {
                         self.count_moved(n > 0);
+                        self.signal_events(&mut inner);
                         (n, inner.idle_timeout(), inner.last_step())
                     }
                     Err(e) => {

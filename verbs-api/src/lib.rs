@@ -30,7 +30,7 @@ pub mod wc;
 pub use context::{Context, DeviceAttr, DeviceStats, OpenOptions, PortAttr, WeakContext};
 pub use cq::CompletionQueue;
 pub use device::{Backend, DeviceConfig};
-pub use engine::EngineMode;
+pub use engine::{EngineMode, PortEvent};
 pub use error::{Error, Result};
 /// The work-request, completion and attribute types come straight from the core.
 pub use ferroce_stack::transport::{

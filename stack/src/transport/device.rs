@@ -864,6 +864,11 @@ impl Core {
         self.events.pop_front()
     }
 
+    /// Whether an asynchronous event waits for [`Core::poll_event`].
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     // ---- sans-IO entry points ----
 
     fn schedule(&mut self, slot: usize) {

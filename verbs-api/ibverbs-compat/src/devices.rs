@@ -269,13 +269,14 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     let c = &mut vctx.context;
     c.device = dev;
     c.cmd_fd = -1;
-    // SAFETY: plain syscall. An eventfd made readable, for good, when the
-    // device's engine stops (IBV_EVENT_DEVICE_FATAL; rdma-core's async fd
-    // then polls readable too); other async events are looked up by
-    // ibv_get_async_event itself.
+    // SAFETY: plain syscall. An eventfd readable while async events wait,
+    // as rdma-core's async fd: made so by the engine when some come, and
+    // for good when it stops (IBV_EVENT_DEVICE_FATAL); ibv_get_async_event
+    // clears it as it hands out the last.
     c.async_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
     let fd = c.async_fd;
     let fatal_hook = (fd >= 0).then(|| crate::handles::signal_on_failure(&ctx, fd));
+    let event_hook = (fd >= 0).then(|| ctx.on_event(move || crate::handles::signal(fd)));
     c.num_comp_vectors = 1;
     c.abi_compat = usize::MAX as *mut c_void; // __VERBS_ABI_IS_EXTENDED
     crate::datapath::fill_ops(&mut c.ops);
@@ -287,6 +288,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
         objects: std::sync::Mutex::new(Default::default()),
         fatal_reported: Default::default(),
         fatal_hook,
+        event_hook,
     });
     // SAFETY: just allocated.
     unsafe { ptr::addr_of_mut!((*f).vctx.context) }
@@ -306,6 +308,9 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ffi::ibv_context) -> c_int {
     // The fd may not be written once closed (its number is reused).
     if let Some(id) = b.fatal_hook {
         b.ctx.remove_failure_hook(id);
+    }
+    if let Some(id) = b.event_hook {
+        b.ctx.remove_event_hook(id);
     }
     if b.vctx.context.async_fd >= 0 {
         // SAFETY: our own fd.
@@ -397,8 +402,16 @@ pub(crate) fn mtu_enum(bytes: u32) -> ffi::ibv_mtu {
 
 fn port_attr(f: &FContext) -> ffi::ibv_port_attr {
     let p = f.ctx.query_port();
+    // rxe's port follows its netdev: ACTIVE while it is up and running,
+    // else DOWN; phys_state LinkUp, else Polling (up, no carrier) or
+    // Disabled (IBTA 14.2.5.6 PortPhysicalState: 5, 2, 3).
+    let (state, phys_state) = match (p.active, p.admin_up) {
+        (true, _) => (ffi::IBV_PORT_ACTIVE, 5),
+        (false, true) => (ffi::IBV_PORT_DOWN, 2),
+        (false, false) => (ffi::IBV_PORT_DOWN, 3),
+    };
     ffi::ibv_port_attr {
-        state: ffi::IBV_PORT_ACTIVE,
+        state,
         max_mtu: mtu_enum(p.max_mtu),
         active_mtu: mtu_enum(p.active_mtu),
         gid_tbl_len: p.gid_tbl_len as c_int,
@@ -408,7 +421,7 @@ fn port_attr(f: &FContext) -> ffi::ibv_port_attr {
         max_vl_num: 1,
         active_width: 1,  // 1X
         active_speed: 32, // EDR, as rxe reports for a 10G+ link
-        phys_state: 5,    // LinkUp
+        phys_state,
         link_layer: ffi::IBV_LINK_LAYER_ETHERNET as u8,
         ..Default::default()
     }

@@ -46,6 +46,8 @@ pub struct FContext {
     pub fatal_reported: std::sync::atomic::AtomicBool,
     /// The engine-failure hook that writes the async fd (removed at close).
     pub fatal_hook: Option<u64>,
+    /// The engine's event hook that writes the async fd (removed at close).
+    pub event_hook: Option<u64>,
 }
 
 /// What asynchronous events may name.
@@ -218,10 +220,30 @@ pub fn leak<T>(v: T) -> *mut T {
 /// returns the hook's number, to remove before `fd` closes (its number is
 /// reused after).
 pub fn signal_on_failure(ctx: &ferroce_verbs::Context, fd: std::ffi::c_int) -> u64 {
-    ctx.on_failure(move || {
-        let one = 1u64;
-        // SAFETY: an eventfd kept open until this hook is removed; writes 8
-        // bytes from a local.
-        let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
-    })
+    ctx.on_failure(move || signal(fd))
+}
+
+/// Makes the eventfd `fd` readable.
+pub fn signal(fd: std::ffi::c_int) {
+    let one = 1u64;
+    // SAFETY: an eventfd its owner keeps open while a hook may call this;
+    // writes 8 bytes from a local.
+    let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+/// Makes the eventfd `fd` unreadable again, without blocking (the fd may
+/// be in blocking mode: it is the application's to set).
+pub fn unsignal(fd: std::ffi::c_int) {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd from a local, no wait.
+    if unsafe { libc::poll(&mut p, 1, 0) } == 1 && p.revents & libc::POLLIN != 0 {
+        let mut v = 0u64;
+        // SAFETY: readable eventfd (only this library reads it): the read
+        // returns at once; 8 bytes into a local.
+        let _ = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+    }
 }

@@ -153,12 +153,14 @@ pub extern "C" fn ibv_is_fork_initialized() -> c_int {
 }
 
 /// The next asynchronous event of the device (CQ overrun, SRQ limit, last
-/// WQE, SQ drained), as ferroce's core reports them. Blocks until one comes
+/// WQE, SQ drained), as ferroce's core reports them, or of its port (PORT_ERR
+/// when the interface goes down or loses its carrier, PORT_ACTIVE when it is
+/// back, as rxe's netdev notifier raises them). Blocks until one comes
 /// (looking every few milliseconds) unless the context's async_fd was made
-/// non-blocking. When the device's engine has stopped for good (its
-/// interface went away), IBV_EVENT_DEVICE_FATAL follows the events still
-/// queued, once, and then EIO, as rdma-core's uverbs give them when a
-/// device is removed.
+/// non-blocking; the fd polls readable while events wait. When the device's
+/// engine has stopped for good (its interface went away),
+/// IBV_EVENT_DEVICE_FATAL follows the events still queued, once, and then
+/// EIO, as rdma-core's uverbs give them when a device is removed.
 ///
 /// # Safety
 /// Live context, writable event.
@@ -175,8 +177,21 @@ pub unsafe extern "C" fn ibv_get_async_event(
     // SAFETY: live context (caller).
     let f = unsafe { crate::handles::fctx(ctx) };
     // SAFETY: our fd.
-    let nonblock = unsafe { libc::fcntl((*ctx).async_fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    // SAFETY: live context (caller).
+    let fd = unsafe { (*ctx).async_fd };
+    // SAFETY: our fd.
+    let nonblock = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    // Readable again if anything still waits once this event is taken (the
+    // engine's hook fires only when events come to wait after none did).
+    let rearm = || {
+        if f.ctx.events_waiting() || f.ctx.failure().is_some() {
+            crate::handles::signal(fd);
+        }
+    };
     loop {
+        // Cleared before looking: an event that comes meanwhile makes it
+        // readable again (the engine's hook, or `rearm`).
+        crate::handles::unsignal(fd);
         while let Some(ev) = f.ctx.poll_async_event() {
             let objs = f.objects();
             let cq = |h| {
@@ -224,10 +239,27 @@ pub unsafe extern "C" fn ibv_get_async_event(
                         event_type: ty,
                     }
                 };
+                rearm();
                 return 0;
             }
         }
+        if let Some(pe) = f.ctx.poll_port_event() {
+            // SAFETY: writable (caller).
+            unsafe {
+                *event = ffi::ibv_async_event {
+                    element: ffi::ibv_async_event__bindgen_ty_1 { port_num: 1 },
+                    event_type: match pe {
+                        ferroce_verbs::PortEvent::Active => ffi::IBV_EVENT_PORT_ACTIVE,
+                        ferroce_verbs::PortEvent::Error => ffi::IBV_EVENT_PORT_ERR,
+                    },
+                }
+            };
+            rearm();
+            return 0;
+        }
         if f.ctx.failure().is_some() {
+            // The fd stays readable for good.
+            crate::handles::signal(fd);
             if f.fatal_reported
                 .swap(true, std::sync::atomic::Ordering::AcqRel)
             {

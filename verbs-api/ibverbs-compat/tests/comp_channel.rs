@@ -394,14 +394,14 @@ fn multicast_attach_and_detach() {
 /// turns readable, `ibv_get_async_event` gives IBV_EVENT_DEVICE_FATAL once,
 /// then fails with EIO; a completion channel's fd turns readable and
 /// `ibv_get_cq_event` fails with EIO. (Raw backends only: they see the
-/// interface go.)
+/// interface go; the UDP backend looks after its interface too.)
 #[test]
 fn device_fatal_when_the_interface_goes() {
     if !common::can_run("device_fatal_when_the_interface_goes", &[]) {
         return;
     }
-    if !matches!(common::backend().as_str(), "afpacket" | "afxdp") {
-        eprintln!("SKIP device_fatal_when_the_interface_goes: a raw backend sees its interface go");
+    if !matches!(common::backend().as_str(), "afpacket" | "afxdp" | "udp") {
+        eprintln!("SKIP device_fatal_when_the_interface_goes: the mem backend has no interface");
         return;
     }
     let topo = common::topology("cfatal");
@@ -450,6 +450,79 @@ fn device_fatal_when_the_interface_goes() {
         assert_eq!(channel::ibv_get_cq_event(ch, &mut cq, &mut cq_ctx), -1);
         assert_eq!(*libc::__errno_location(), libc::EIO);
         // Tear-down still works on a dead device.
+        qp::ibv_destroy_qp(a.qp as *mut ffi::ibv_qp);
+        resources::ibv_dereg_mr(a.mr as *mut ffi::ibv_mr);
+        resources::ibv_destroy_cq(a.cq as *mut ffi::ibv_cq);
+        channel::ibv_destroy_comp_channel(a.ch as *mut ffi::ibv_comp_channel);
+        resources::ibv_dealloc_pd(a.pd as *mut ffi::ibv_pd);
+        assert_eq!(devices::ibv_close_device(ctx), 0);
+    }
+}
+
+/// The port follows its interface, as an rxe port its netdev: `ip link set
+/// down` makes the async fd readable with IBV_EVENT_PORT_ERR and
+/// ibv_query_port says PORT_DOWN (phys_state Disabled); the peer's end going
+/// down (no carrier) keeps ours up, phys_state Polling; back up, PORT_ACTIVE
+/// and its event. Each event read leaves the fd quiet again.
+#[test]
+fn port_events_follow_the_link() {
+    if !common::can_run("port_events_follow_the_link", &[]) {
+        return;
+    }
+    let topo = common::topology("cport");
+    let ifname = topo.host(0).ifname.clone();
+    let peer_if = topo.host(1).ifname.clone();
+    std::env::set_var("FERROCE_DEVICE", &ifname);
+    std::env::set_var("FERROCE_BACKEND", common::backend());
+    // SAFETY: the library's C entry points, called as a C program would.
+    let a = topo
+        .run_in(0, || unsafe { open_side(false, false) })
+        .unwrap();
+    let ctx = a.ctx as *mut ffi::ibv_context;
+    // SAFETY: live context.
+    let fd = unsafe { (*ctx).async_fd };
+    let port = || {
+        // The old entry point fills the fields of ibv_port_attr before `flags`.
+        let mut attr = ffi::ibv_port_attr::default();
+        let compat = (&mut attr as *mut ffi::ibv_port_attr).cast::<ffi::_compat_ibv_port_attr>();
+        // SAFETY: live context; a local with room for what it writes.
+        assert_eq!(unsafe { devices::ibv_query_port(ctx, 1, compat) }, 0);
+        (attr.state, attr.phys_state)
+    };
+    let next_event = |want: ffi::ibv_event_type, what: &str| {
+        assert!(readable(fd, 3000), "async fd readable: {what}");
+        let mut ev = ffi::ibv_async_event::default();
+        // SAFETY: live context, a local event.
+        assert_eq!(
+            unsafe { misc::ibv_get_async_event(ctx, &mut ev) },
+            0,
+            "{what}"
+        );
+        assert_eq!(ev.event_type, want, "{what}");
+        // SAFETY: the union's port arm, which port events fill.
+        assert_eq!(unsafe { ev.element.port_num }, 1, "{what}");
+        misc::ibv_ack_async_event(&mut ev);
+        assert!(!readable(fd, 0), "async fd quiet once taken: {what}");
+    };
+    let ip = |host: usize, args: &[&str]| {
+        let out = topo.command(host, "ip").args(args).output().unwrap();
+        assert!(out.status.success(), "ip {args:?}: {out:?}");
+    };
+    assert_eq!(port(), (ffi::IBV_PORT_ACTIVE, 5));
+    assert!(!readable(fd, 300), "no event while the link stays up");
+    ip(0, &["link", "set", &ifname, "down"]);
+    next_event(ffi::IBV_EVENT_PORT_ERR, "our end down");
+    assert_eq!(port(), (ffi::IBV_PORT_DOWN, 3), "down: Disabled");
+    ip(0, &["link", "set", &ifname, "up"]);
+    next_event(ffi::IBV_EVENT_PORT_ACTIVE, "our end up again");
+    assert_eq!(port(), (ffi::IBV_PORT_ACTIVE, 5));
+    ip(1, &["link", "set", &peer_if, "down"]);
+    next_event(ffi::IBV_EVENT_PORT_ERR, "the peer's end down");
+    assert_eq!(port(), (ffi::IBV_PORT_DOWN, 2), "no carrier: Polling");
+    ip(1, &["link", "set", &peer_if, "up"]);
+    next_event(ffi::IBV_EVENT_PORT_ACTIVE, "the peer's end up again");
+    // SAFETY: live objects, destroyed once.
+    unsafe {
         qp::ibv_destroy_qp(a.qp as *mut ffi::ibv_qp);
         resources::ibv_dereg_mr(a.mr as *mut ffi::ibv_mr);
         resources::ibv_destroy_cq(a.cq as *mut ffi::ibv_cq);

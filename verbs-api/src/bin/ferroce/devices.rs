@@ -70,7 +70,7 @@ pub fn run(all: bool) -> i32 {
         println!("\tport:\t1");
         println!(
             "\t\tstate:\t\t\t{}",
-            if iface.up {
+            if iface.up && iface.running {
                 "PORT_ACTIVE (4)"
             } else {
                 "PORT_DOWN (1)"
