@@ -36,13 +36,15 @@ pub fn index(name: &str) -> Option<u32> {
 }
 
 /// An interface's state, as an rxe port follows its netdev's: the port is
-/// active while the interface is up and running (netif_running and an
-/// operational carrier, which the kernel reports as IFF_RUNNING).
+/// active while the interface is up and has a carrier (netif_running and
+/// netif_carrier_ok).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinkState {
     /// Administratively up (IFF_UP).
     pub up: bool,
-    /// Up with a carrier (IFF_RUNNING).
+    /// Has a carrier: ethtool's link state (netif_carrier_ok, at once);
+    /// where the driver does not give one, IFF_RUNNING (the operational
+    /// state, which the kernel updates up to a second later).
     pub running: bool,
 }
 
@@ -77,10 +79,10 @@ impl LinkWatch {
     /// The interface's state now; None once it is gone.
     pub fn state(&self) -> Option<LinkState> {
         let fd = std::os::fd::AsRawFd::as_raw_fd(&self.sock);
-        let flags = sys::if_flags_by_index(fd, self.index)?;
+        let (flags, carrier) = sys::if_state_by_index(fd, self.index)?;
         Some(LinkState {
             up: flags & libc::IFF_UP != 0,
-            running: flags & libc::IFF_RUNNING != 0,
+            running: carrier.unwrap_or(flags & libc::IFF_RUNNING != 0),
         })
     }
 }

@@ -176,9 +176,17 @@ pub(crate) fn if_mtu(fd: RawFd, name: &str) -> Result<usize, NicError> {
 }
 
 /// The flags (IFF_UP, IFF_RUNNING, ...) of the interface with index
-/// `index`, asked through `fd` (so in `fd`'s network namespace). None when
-/// there is no such interface.
-pub(crate) fn if_flags_by_index(fd: RawFd, index: u32) -> Option<libc::c_int> {
+/// `index`, and whether it has a carrier (None: its driver does not say),
+/// asked through `fd` (so in `fd`'s network namespace). None when there is
+/// no such interface.
+pub(crate) fn if_state_by_index(fd: RawFd, index: u32) -> Option<(libc::c_int, Option<bool>)> {
+    // linux/ethtool.h: ETHTOOL_GLINK fills an ethtool_value {cmd, data}.
+    const ETHTOOL_GLINK: u32 = 0x0000_000a;
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
     ifr.ifr_ifru.ifru_ifindex = libc::c_int::try_from(index).ok()?;
@@ -191,7 +199,17 @@ pub(crate) fn if_flags_by_index(fd: RawFd, index: u32) -> Option<libc::c_int> {
         return None;
     }
     // SAFETY: the kernel filled the ifru_flags arm of the union.
-    Some(libc::c_int::from(unsafe { ifr.ifr_ifru.ifru_flags }) & 0xffff)
+    let flags = libc::c_int::from(unsafe { ifr.ifr_ifru.ifru_flags }) & 0xffff;
+    let mut link = EthtoolValue {
+        cmd: ETHTOOL_GLINK,
+        data: 0,
+    };
+    ifr.ifr_ifru.ifru_data = (&mut link as *mut EthtoolValue).cast();
+    // SAFETY: SIOCETHTOOL reads ifr_name and the command ifru_data points
+    // at, and writes its `data`; `link` outlives the call.
+    let carrier =
+        (unsafe { libc::ioctl(fd, libc::SIOCETHTOOL, &mut ifr) } == 0).then_some(link.data != 0);
+    Some((flags, carrier))
 }
 
 fn copy_ifname(ifr: &mut libc::ifreq, name: &str) -> Result<(), NicError> {
