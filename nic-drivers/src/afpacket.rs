@@ -1708,6 +1708,26 @@ pub(crate) mod tests {
         assert_eq!(offload::infer_gso_size(&want, 8972), Some(3000));
         let mut f = want.clone();
         assert_eq!(delivered(&mut f, &mut rx(false)), vec![(want, true)]);
+        // Over IPv6 too (its UDP checksum, which the ICRC masks, left partial).
+        let spec = HeaderSpec {
+            dst_mac: [2, 0, 0, 0, 0, 1],
+            src_mac: [2, 0, 0, 0, 0, 2],
+            src: "[fd00::2]:49152".parse().unwrap(),
+            dst: "[fd00::1]:4791".parse().unwrap(),
+            tos: 0,
+            ttl: 64,
+        };
+        let mut v6 = roce_v4(false, 5, 0, 2048)[42..].to_vec();
+        let n = v6.len();
+        v6[n - 4..].fill(0);
+        let mut want = build_udp_frame(&spec, &v6).unwrap();
+        let end = want.len() - 4;
+        let icrc = crate::ipv4_id::icrc::compute(&want[14..end], true).unwrap();
+        want[end..].copy_from_slice(&icrc.to_le_bytes());
+        want[60..62].fill(0);
+        let mut f = want.clone();
+        f[60..62].copy_from_slice(&0x4321u16.to_be_bytes());
+        assert_eq!(delivered(&mut f, &mut rx(false)), vec![(want, true)]);
         // A single datagram whose ICRC is wrong goes up unchecked, for the
         // transport to count.
         let mut bad = roce_v4(false, 5, 0, 1024);

@@ -30,29 +30,41 @@ const CSUM_AT: usize = 10;
 /// Frame lengths whose solver is kept (the MTU-sized data packets, ACKs, a few others).
 const CACHE: usize = 16;
 
-/// The ICRC of IPv4 RoCE v2 packets, as `ferroce_stack::wire::icrc` computes it for any (this
-/// crate stays independent of the stack; a test checks the two agree).
+/// The ICRC of RoCE v2 packets, as `ferroce_stack::wire::icrc` computes it (this crate stays
+/// independent of the stack; a test checks the two agree).
 pub(crate) mod icrc {
     pub const ICRC_LEN: usize = 4;
-    /// IPv4 + UDP headers and the BTH: the part with masked fields.
-    const MASKED: usize = 20 + 8 + 12;
+    /// IP + UDP headers and the BTH: the part with masked fields.
+    const MASKED_V4: usize = 20 + 8 + 12;
+    const MASKED_V6: usize = 40 + 8 + 12;
     /// CRC-32 state after the 8 bytes of 0xFF standing in for the LRH (rxe's seed 0xDEBB20E3,
     /// uncomplemented).
     const LRH_STANDIN_CRC: u32 = !0xdebb_20e3;
 
-    /// ICRC of `l3`: IPv4 header to the end of the pad (the ICRC excluded); IBTA A17.3.3 masks
-    /// ToS, TTL, the IP and UDP checksums and BTH byte 4 to ones.
-    pub fn compute(l3: &[u8], _ipv6: bool) -> Option<u32> {
-        let (head, rest) = (l3.get(..MASKED)?, l3.get(MASKED..)?);
-        let mut m = [0u8; MASKED];
+    /// ICRC of `l3`: IP header to the end of the pad (the ICRC excluded). IBTA A17.3.3 masks
+    /// to ones IPv4's ToS, TTL and header checksum, IPv6's traffic class, flow label and hop
+    /// limit, then the UDP checksum and BTH byte 4.
+    pub fn compute(l3: &[u8], ipv6: bool) -> Option<u32> {
+        let n = if ipv6 { MASKED_V6 } else { MASKED_V4 };
+        let (head, rest) = (l3.get(..n)?, l3.get(n..)?);
+        let mut buf = [0u8; MASKED_V6];
+        let m = &mut buf[..n];
         m.copy_from_slice(head);
-        m[1] = 0xff;
-        m[8] = 0xff;
-        m[10..12].fill(0xff);
-        m[26..28].fill(0xff);
-        m[32] = 0xff;
+        let ip = if ipv6 {
+            m[0] |= 0x0f;
+            m[1..4].fill(0xff);
+            m[7] = 0xff;
+            40
+        } else {
+            m[1] = 0xff;
+            m[8] = 0xff;
+            m[10..12].fill(0xff);
+            20
+        };
+        m[ip + 6..ip + 8].fill(0xff);
+        m[ip + 8 + 4] = 0xff;
         let mut h = crc32fast::Hasher::new_with_initial(LRH_STANDIN_CRC);
-        h.update(&m);
+        h.update(m);
         h.update(rest);
         Some(h.finalize())
     }
@@ -73,18 +85,27 @@ fn is_plain_ipv4(l3: &[u8]) -> bool {
         && l3.get(IPV4_HLEN + 8 + 1).is_some_and(|b| b & 0x0f == 0)
 }
 
-/// Whether `l3` (IPv4 header to the end of the ICRC) is RoCE whose ICRC is right as it stands.
+/// Whether `l3` (IPv4 or IPv6 header to the end of the ICRC) is RoCE whose ICRC is right as it
+/// stands.
 pub fn icrc_ok(l3: &[u8]) -> bool {
     let Some(end) = l3.len().checked_sub(icrc::ICRC_LEN) else {
         return false;
     };
-    is_plain_ipv4(l3)
-        && end >= IPV4_HLEN
-        && l3
-            .get(end..)
-            .and_then(|c| c.try_into().ok())
-            .map(u32::from_le_bytes)
-            == icrc::compute(&l3[..end], false)
+    let ipv6 = match l3.first().map(|b| b >> 4) {
+        Some(4) if is_plain_ipv4(l3) => false,
+        // A fixed header straight to UDP (next header 17) and a BTH shape.
+        Some(6)
+            if l3.get(6) == Some(&17)
+                && l3.get(48).is_some_and(|op| *op < 0xc0)
+                && l3.get(49).is_some_and(|b| b & 0x0f == 0) =>
+        {
+            true
+        }
+        _ => return false,
+    };
+    let rx = l3.get(end..).and_then(|c| <[u8; 4]>::try_from(c).ok());
+    let want = l3.get(..end).and_then(|h| icrc::compute(h, ipv6));
+    rx.is_some() && rx.map(u32::from_le_bytes) == want
 }
 
 /// Writes `id` and recomputes the header checksum.
@@ -381,6 +402,26 @@ mod tests {
                 ferroce_stack::wire::icrc::compute(&p[..end], false)
             );
         }
+        // IPv6: a fixed header (traffic class, flow label, hop limit set), UDP, a BTH, payload.
+        let mut v6: Vec<u8> = vec![0x6a, 0xbc, 0xde, 0xf1, 0, 0, 17, 9];
+        v6.extend((0..32).map(|i| i as u8 * 3));
+        v6.extend_from_slice(&[0xc0, 0x00, 0x12, 0xb7, 0, 0, 0x12, 0x34]);
+        v6.extend_from_slice(&[0x04, 0x40, 0xff, 0xff, 0x5a, 0, 0, 0x11, 0x80, 0, 0, 7]);
+        v6.extend((0..100).map(|i| i as u8));
+        assert_eq!(
+            icrc::compute(&v6, true),
+            ferroce_stack::wire::icrc::compute(&v6, true)
+        );
+        let mut whole = v6.clone();
+        whole.extend_from_slice(&icrc::compute(&v6, true).unwrap().to_le_bytes());
+        assert!(icrc_ok(&whole));
+        whole[70] ^= 1;
+        assert!(!icrc_ok(&whole));
+        let mut whole4 = packet(5);
+        assert!(icrc_ok(&whole4));
+        let n = whole4.len();
+        whole4[n - 1] ^= 1;
+        assert!(!icrc_ok(&whole4));
     }
 
     #[test]
