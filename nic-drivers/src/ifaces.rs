@@ -67,11 +67,8 @@ impl LinkWatch {
     /// Watches the interface `name` of the calling thread's namespace.
     pub fn new(name: &str) -> Result<LinkWatch, NicError> {
         let index = index(name).ok_or_else(|| NicError::NoSuchInterface(name.into()))?;
-        let sock = std::net::UdpSocket::bind("0.0.0.0:0")
-            .or_else(|_| std::net::UdpSocket::bind("[::]:0"))
-            .map_err(|e| NicError::io("socket for interface ioctls", e))?;
         Ok(LinkWatch {
-            sock: sock.into(),
+            sock: ioctl_socket()?.into(),
             index,
         })
     }
@@ -145,15 +142,20 @@ pub fn links() -> Result<Vec<Link>, NicError> {
     }
     // SAFETY: head came from getifaddrs and is freed once.
     unsafe { libc::freeifaddrs(head) };
-    let sock = std::net::UdpSocket::bind("0.0.0.0:0")
-        .or_else(|_| std::net::UdpSocket::bind("[::]:0"))
-        .map_err(|e| NicError::io("socket for interface ioctls", e))?;
+    let sock = ioctl_socket()?;
     for l in &mut out {
         // An interface gone since the listing keeps the default.
         l.mtu = sys::if_mtu(std::os::fd::AsRawFd::as_raw_fd(&sock), &l.name)
             .map_or(1500, |m| u32::try_from(m).unwrap_or(u32::MAX));
     }
     Ok(out)
+}
+
+/// A socket of the calling thread's namespace to ask interface ioctls through.
+fn ioctl_socket() -> Result<std::net::UdpSocket, NicError> {
+    std::net::UdpSocket::bind("0.0.0.0:0")
+        .or_else(|_| std::net::UdpSocket::bind("[::]:0"))
+        .map_err(|e| NicError::io("socket for interface ioctls", e))
 }
 
 /// The IP address of an AF_INET / AF_INET6 sockaddr (None otherwise).

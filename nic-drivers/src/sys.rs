@@ -175,6 +175,20 @@ pub(crate) fn if_mtu(fd: RawFd, name: &str) -> Result<usize, NicError> {
     Ok(mtu.max(0) as usize)
 }
 
+/// An ifreq naming the interface with index `index` (SIOCGIFNAME through
+/// `fd`, so in `fd`'s network namespace); ENODEV when there is none.
+pub(crate) fn ifreq_of_index(fd: RawFd, index: u32) -> std::io::Result<libc::ifreq> {
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    ifr.ifr_ifru.ifru_ifindex = libc::c_int::try_from(index)
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::ENODEV))?;
+    // SAFETY: SIOCGIFNAME reads ifru_ifindex and writes ifr_name within the struct.
+    if unsafe { libc::ioctl(fd, libc::SIOCGIFNAME, &mut ifr) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(ifr)
+}
+
 /// The flags (IFF_UP, IFF_RUNNING, ...) of the interface with index
 /// `index`, and whether it has a carrier (None: its driver does not say),
 /// asked through `fd` (so in `fd`'s network namespace). None when there is
@@ -187,13 +201,7 @@ pub(crate) fn if_state_by_index(fd: RawFd, index: u32) -> Option<(libc::c_int, O
         cmd: u32,
         data: u32,
     }
-    // SAFETY: ifreq is plain old data; all-zero is a valid value.
-    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-    ifr.ifr_ifru.ifru_ifindex = libc::c_int::try_from(index).ok()?;
-    // SAFETY: SIOCGIFNAME reads ifru_ifindex and writes ifr_name within the struct.
-    if unsafe { libc::ioctl(fd, libc::SIOCGIFNAME, &mut ifr) } < 0 {
-        return None;
-    }
+    let mut ifr = ifreq_of_index(fd, index).ok()?;
     // SAFETY: SIOCGIFFLAGS reads ifr_name and writes ifru_flags within the struct.
     if unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr) } < 0 {
         return None;

@@ -1360,23 +1360,16 @@ impl UdpIo {
     /// for the index's name (SIOCGIFNAME) through the socket itself, which
     /// looks in the socket's network namespace, whatever thread asks.
     fn check_link(&self) -> Result<(), NicError> {
-        // SAFETY: an all-zero ifreq is a valid value of the C struct.
-        let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-        req.ifr_ifru.ifru_ifindex = self.cfg.ifindex as libc::c_int;
-        // SAFETY: SIOCGIFNAME reads the index from req and writes the name
-        // into it; req outlives the call.
-        let r = unsafe { libc::ioctl(self.sock.as_raw_fd(), libc::SIOCGIFNAME, &mut req) };
-        let err = std::io::Error::last_os_error();
-        if r < 0 && err.raw_os_error() == Some(libc::ENODEV) {
-            return Err(NicError::Sys {
+        match sys::ifreq_of_index(self.sock.as_raw_fd(), self.cfg.ifindex) {
+            Err(err) if err.raw_os_error() == Some(libc::ENODEV) => Err(NicError::Sys {
                 op: format!(
                     "UDP socket on {} (interface {}): the interface is gone",
                     self.local, self.cfg.ifindex
                 ),
                 source: err,
-            });
+            }),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// Sends frames from `src` without copying any payload in user space.

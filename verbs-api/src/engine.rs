@@ -391,6 +391,25 @@ struct Hooks {
     hooks: Vec<(u64, Box<dyn Fn() + Send + Sync>)>,
 }
 
+impl Hooks {
+    /// Keeps `hook`; returns its number for [`Hooks::remove`].
+    fn add(&mut self, hook: Box<dyn Fn() + Send + Sync>) -> u64 {
+        self.next += 1;
+        self.hooks.push((self.next, hook));
+        self.next
+    }
+
+    fn remove(&mut self, id: u64) {
+        self.hooks.retain(|(i, _)| *i != id);
+    }
+
+    fn call_all(&self) {
+        for (_, hook) in &self.hooks {
+            hook();
+        }
+    }
+}
+
 impl std::fmt::Debug for Hooks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hooks")
@@ -466,10 +485,10 @@ impl Engine {
         *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
         self.stop.store(true, Ordering::Release);
         self.progress.notify_all();
-        let hooks = self.failure_hooks.lock().unwrap_or_else(|p| p.into_inner());
-        for (_, hook) in &hooks.hooks {
-            hook();
-        }
+        self.failure_hooks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .call_all();
     }
 
     /// Calls `hook` when the engine stops for good, or at once if it has;
@@ -479,16 +498,15 @@ impl Engine {
         if self.failed().is_some() {
             hook();
         }
-        hooks.next += 1;
-        let id = hooks.next;
-        hooks.hooks.push((id, hook));
-        id
+        hooks.add(hook)
     }
 
     /// Forgets a hook of [`Engine::on_failure`]; it is not called after this.
     pub fn remove_failure_hook(&self, id: u64) {
-        let mut hooks = self.failure_hooks.lock().unwrap_or_else(|p| p.into_inner());
-        hooks.hooks.retain(|(i, _)| *i != id);
+        self.failure_hooks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
     }
 
     /// Calls `hook` (with the device locked: it must not lock it) after a
@@ -496,26 +514,27 @@ impl Engine {
     /// had waited since they were last all taken. Returns its number for
     /// [`Engine::remove_event_hook`].
     pub fn on_event(&self, hook: Box<dyn Fn() + Send + Sync>) -> u64 {
-        let mut hooks = self.event_hooks.lock().unwrap_or_else(|p| p.into_inner());
-        hooks.next += 1;
-        let id = hooks.next;
-        hooks.hooks.push((id, hook));
-        id
+        self.event_hooks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .add(hook)
     }
 
     /// Forgets a hook of [`Engine::on_event`]; it is not called after this.
     pub fn remove_event_hook(&self, id: u64) {
-        let mut hooks = self.event_hooks.lock().unwrap_or_else(|p| p.into_inner());
-        hooks.hooks.retain(|(i, _)| *i != id);
+        self.event_hooks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
     }
 
     /// Tells the event hooks of events a step found.
     fn signal_events(&self, inner: &mut Inner) {
         if std::mem::take(&mut inner.signal_events) {
-            let hooks = self.event_hooks.lock().unwrap_or_else(|p| p.into_inner());
-            for (_, hook) in &hooks.hooks {
-                hook();
-            }
+            self.event_hooks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .call_all();
         }
     }
 
