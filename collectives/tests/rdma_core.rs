@@ -8,8 +8,8 @@
 //! reference) on 2–4 ranks, and a job mixing ferroce-verbs ranks
 //! (`--fabric env`) with rdma-core ranks in one communicator.
 //!
-//! Both tools are built (release) by the test with cargo into this test's
-//! target folder. Skips, with the reason, when not root or when cmake (for
+//! Both tools are built (release) into this test's target folder by the
+//! interop harness's one build of every release tool. Skips, with the reason, when not root or when cmake (for
 //! sideway's rdma-mummy-sys) or rdma-core's headers are missing.
 
 use std::path::{Path, PathBuf};
@@ -17,6 +17,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use ferroce_interop::host;
 use ferroce_nic::netns::{Topology, TopologyConfig};
 
 /// A rank's packet backend under both libraries (the compat tests' default).
@@ -43,16 +44,6 @@ fn skip_reason() -> Option<String> {
     None
 }
 
-/// `<target>` of this test executable (`<target>/<profile>/deps/<exe>`).
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let mut dir = exe.parent().expect("exe folder");
-    if dir.file_name().is_some_and(|n| n == "deps") {
-        dir = dir.parent().expect("profile folder");
-    }
-    dir.parent().expect("target folder").to_path_buf()
-}
-
 struct Tools {
     bench: PathBuf,
     lib_dir: PathBuf,
@@ -63,51 +54,14 @@ struct Tools {
 fn tools() -> &'static Tools {
     static T: OnceLock<Tools> = OnceLock::new();
     T.get_or_init(|| {
-        let target = target_dir();
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let started = Instant::now();
-        // Two builds, the bench's exactly as ferroce-interop's `coll_bench_bin` runs it: one
-        // command with both packages would unify their dependencies' features differently
-        // and make each test rebuild the other's binary.
-        let builds: [&[&str]; 2] = [
-            &[
-                "build",
-                "--release",
-                "-p",
-                "ferroce-collectives",
-                "--features",
-                "rdma-core",
-                "--bin",
-                "ferroce-coll-bench",
-            ],
-            &[
-                "build",
-                "--release",
-                "-p",
-                "ferroce-ibverbs-compat",
-                "--bin",
-                "ferroce-libibverbs",
-            ],
-        ];
-        for args in builds {
-            let out = Command::new(&cargo)
-                .args(args)
-                .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
-                .env("CARGO_TARGET_DIR", &target)
-                .stdin(Stdio::null())
-                .output()
-                .expect("run cargo build");
-            assert!(
-                out.status.success(),
-                "cargo {} failed:\n{}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let rel = target.join("release");
+        // The interop harness's builds: one cargo command for every release tool the tests
+        // run, so this test and the interop tests share one build.
+        let bench = host::coll_bench_bin().expect("build ferroce-coll-bench (rdma-core)");
+        let linker = host::libibverbs_tool().expect("build ferroce-libibverbs");
         // Its own folder: another test binary may link its copy at the same time.
-        let lib_dir = rel.join("coll-rdma-core-libibverbs");
-        let out = Command::new(rel.join("ferroce-libibverbs"))
+        let lib_dir = linker.with_file_name("coll-rdma-core-libibverbs");
+        let out = Command::new(&linker)
             .arg(&lib_dir)
             .output()
             .expect("run ferroce-libibverbs");
@@ -120,10 +74,7 @@ fn tools() -> &'static Tools {
             "rdma-core bench and libibverbs ready in {:.1} s",
             started.elapsed().as_secs_f64()
         );
-        Tools {
-            bench: rel.join("ferroce-coll-bench"),
-            lib_dir,
-        }
+        Tools { bench, lib_dir }
     })
 }
 

