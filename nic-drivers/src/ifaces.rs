@@ -55,21 +55,32 @@ impl LinkState {
     }
 }
 
-/// Asks after one interface, by index, through a socket of the namespace it
+/// Asks after one interface, by index, through sockets of the namespace it
 /// was made in (so any thread may ask, whatever its own namespace).
 #[derive(Debug)]
 pub struct LinkWatch {
     sock: std::os::fd::OwnedFd,
+    /// The kernel's link messages (None where no netlink socket could be
+    /// opened: then only the state at each look is seen).
+    events: Option<std::os::fd::OwnedFd>,
     index: u32,
+    /// Whether the driver gives ethtool's link state; messages are read by
+    /// the same rule as [`LinkWatch::state`] (else IFF_RUNNING).
+    ethtool_carrier: bool,
 }
 
 impl LinkWatch {
     /// Watches the interface `name` of the calling thread's namespace.
     pub fn new(name: &str) -> Result<LinkWatch, NicError> {
         let index = index(name).ok_or_else(|| NicError::NoSuchInterface(name.into()))?;
+        let sock: std::os::fd::OwnedFd = ioctl_socket()?.into();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
+        let ethtool_carrier = sys::if_state_by_index(fd, index).is_some_and(|(_, c)| c.is_some());
         Ok(LinkWatch {
-            sock: ioctl_socket()?.into(),
+            sock,
+            events: sys::link_events_socket().ok(),
             index,
+            ethtool_carrier,
         })
     }
 
@@ -81,6 +92,72 @@ impl LinkWatch {
             up: flags & libc::IFF_UP != 0,
             running: carrier.unwrap_or(flags & libc::IFF_RUNNING != 0),
         })
+    }
+
+    /// The states the interface went through since the last call, oldest
+    /// first (one per message the kernel sent about it, so a link that went
+    /// down and up again between two looks shows both), then its state now.
+    /// Empty once it is gone.
+    pub fn states(&self) -> Vec<LinkState> {
+        let mut out = Vec::new();
+        if let Some(events) = &self.events {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(events);
+            let mut buf = [0u8; 8192];
+            loop {
+                match sys::recv_into(fd, &mut buf) {
+                    Ok(n) => link_messages(
+                        buf.get(..n).unwrap_or(&[]),
+                        self.index,
+                        self.ethtool_carrier,
+                        &mut out,
+                    ),
+                    // Messages lost to a full queue: the state now still ends the list.
+                    Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => continue,
+                    Err(_) => break,
+                }
+            }
+        }
+        match self.state() {
+            Some(now) => out.push(now),
+            None => out.clear(),
+        }
+        out
+    }
+}
+
+/// Appends to `out` the state each RTM_NEWLINK in `msgs` (route netlink
+/// messages) gives interface `index`: IFF_UP, and the carrier from
+/// IFF_LOWER_UP (netif_carrier_ok) or, without `ethtool_carrier`,
+/// IFF_RUNNING. Layouts: linux/netlink.h (nlmsghdr, 16 bytes, messages
+/// 4-byte aligned), linux/rtnetlink.h (ifinfomsg: index at 4, flags at 8).
+fn link_messages(msgs: &[u8], index: u32, ethtool_carrier: bool, out: &mut Vec<LinkState>) {
+    const HEADER: usize = 16;
+    let word = |b: &[u8], at: usize| -> Option<u32> {
+        Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    };
+    let mut rest = msgs;
+    while let (Some(len), Some(kind)) = (word(rest, 0), rest.get(4..6)) {
+        let len = len as usize;
+        let Some(msg) = rest.get(..len).filter(|_| len >= HEADER) else {
+            return;
+        };
+        let kind = u16::from_ne_bytes([kind[0], kind[1]]);
+        if kind == libc::RTM_NEWLINK {
+            if let (Some(i), Some(flags)) = (word(msg, HEADER + 4), word(msg, HEADER + 8)) {
+                if i == index {
+                    let carrier = if ethtool_carrier {
+                        libc::IFF_LOWER_UP
+                    } else {
+                        libc::IFF_RUNNING
+                    };
+                    out.push(LinkState {
+                        up: flags & libc::IFF_UP as u32 != 0,
+                        running: flags & carrier as u32 != 0,
+                    });
+                }
+            }
+        }
+        rest = rest.get(len.next_multiple_of(4)..).unwrap_or(&[]);
     }
 }
 
@@ -205,6 +282,67 @@ mod tests {
             })
         );
         assert!(LinkWatch::new("no-such-if0").is_err());
+    }
+
+    /// An RTM_NEWLINK (nlmsghdr + ifinfomsg, no attributes) for `index` with `flags`.
+    fn newlink(index: u32, flags: u32) -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend_from_slice(&32u32.to_ne_bytes());
+        m.extend_from_slice(&libc::RTM_NEWLINK.to_ne_bytes());
+        m.extend_from_slice(&[0; 10]);
+        m.extend_from_slice(&[0, 0, 1, 0]);
+        m.extend_from_slice(&index.to_ne_bytes());
+        m.extend_from_slice(&flags.to_ne_bytes());
+        m.extend_from_slice(&0u32.to_ne_bytes());
+        m
+    }
+
+    #[test]
+    fn link_messages_give_each_state_of_the_interface_in_order() {
+        let (up, lower, running) = (
+            libc::IFF_UP as u32,
+            libc::IFF_LOWER_UP as u32,
+            libc::IFF_RUNNING as u32,
+        );
+        let mut msgs = newlink(7, 0);
+        msgs.extend(newlink(8, up | lower));
+        msgs.extend(newlink(7, up));
+        msgs.extend(newlink(7, up | lower));
+        let mut out = Vec::new();
+        link_messages(&msgs, 7, true, &mut out);
+        let state = |up, running| LinkState { up, running };
+        assert_eq!(
+            out,
+            [state(false, false), state(true, false), state(true, true)]
+        );
+        // Without ethtool's link state the carrier is IFF_RUNNING, as in state().
+        out.clear();
+        link_messages(&newlink(7, up | lower), 7, false, &mut out);
+        link_messages(&newlink(7, up | running), 7, false, &mut out);
+        assert_eq!(out, [state(true, false), state(true, true)]);
+        // Cut short, a length past the end or below a header: nothing read, no panic.
+        for bad in [&msgs[..20], &msgs[..35]] {
+            out.clear();
+            link_messages(bad, 7, true, &mut out);
+            assert!(out.len() <= 1, "{out:?}");
+        }
+        let mut short = newlink(7, up);
+        short[0] = 8;
+        out.clear();
+        link_messages(&short, 7, true, &mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn states_end_with_the_state_now() {
+        let w = LinkWatch::new("lo").unwrap();
+        assert_eq!(
+            w.states().last(),
+            Some(&LinkState {
+                up: true,
+                running: true
+            })
+        );
     }
 
     #[test]

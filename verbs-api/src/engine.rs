@@ -160,27 +160,31 @@ impl Inner {
 
     /// Makes the port follow `link`'s state, starting with its state now.
     pub fn watch_link(&mut self, link: ferroce_nic::ifaces::LinkWatch) {
-        if let Some(state) = link.state() {
+        // Messages already queued are older than the state now: not events.
+        if let Some(&state) = link.states().last() {
             self.port = state;
         }
         self.link = Some(link);
     }
 
-    /// Looks at the interface: a port that becomes active or stops being so
-    /// queues its event, as rxe's netdev notifier does. A gone interface
-    /// changes nothing here (the backend fails the device).
+    /// Looks at the interface: each time the port became active or stopped
+    /// being so since the last look queues its event, as rxe's netdev
+    /// notifier does (a link down and up again within one look gives both).
+    /// A gone interface changes nothing here (the backend fails the device).
     fn poll_link(&mut self) {
-        let Some(state) = self.link.as_ref().and_then(|l| l.state()) else {
+        let Some(link) = self.link.as_ref() else {
             return;
         };
-        if state.active() != self.port.active() {
-            self.port_events.push_back(if state.active() {
-                PortEvent::Active
-            } else {
-                PortEvent::Error
-            });
+        for state in link.states() {
+            if state.active() != self.port.active() {
+                self.port_events.push_back(if state.active() {
+                    PortEvent::Active
+                } else {
+                    PortEvent::Error
+                });
+            }
+            self.port = state;
         }
-        self.port = state;
     }
 
     /// The next core event (CQ error, SRQ limit, ...), if any.
