@@ -1301,13 +1301,54 @@ pub struct RxeLab {
     // Field order: VMs drop (power off) before the namespace goes, and the turn is given up last.
     vms: Vec<RxeVm>,
     net: Arc<LabNet>,
-    _turn: std::sync::MutexGuard<'static, ()>,
+    _turn: LabTurn,
 }
 
-/// Labs in one process take turns. Each VM is an emulator (TCG) that wants a whole core, and a
-/// test binary runs its tests in parallel: six labs at once on two cores stalled VMs past the
-/// control channel's 60 s answer slack (a full CI run, 2026-12-03).
-static LAB_TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// Labs in one process share the machine's cores: each VM is an emulator (TCG) that wants a
+/// whole core, and a test binary runs its tests in parallel: six labs at once on two cores
+/// stalled VMs past the control channel's 60 s answer slack (a full CI run, 2026-12-03). A lab
+/// of n VMs waits for n free cores (all of them, if it has more VMs than the machine has cores);
+/// `FERROCE_LAB_CPUS` sets how many there are (default: the CPUs this process may use).
+#[derive(Debug)]
+struct LabTurn(usize);
+
+static FREE_CPUS: Mutex<Option<usize>> = Mutex::new(None);
+static CPU_FREED: std::sync::Condvar = std::sync::Condvar::new();
+
+fn lab_cpus() -> usize {
+    std::env::var("FERROCE_LAB_CPUS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+        .unwrap_or(1)
+        .max(1)
+}
+
+impl LabTurn {
+    fn take(vms: usize) -> LabTurn {
+        // A test that panicked while holding the lock left the count right: go on.
+        let mut free = FREE_CPUS.lock().unwrap_or_else(|p| p.into_inner());
+        let want = vms.clamp(1, lab_cpus());
+        loop {
+            let now = free.get_or_insert_with(lab_cpus);
+            if *now >= want {
+                *now -= want;
+                return LabTurn(want);
+            }
+            free = CPU_FREED.wait(free).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+impl Drop for LabTurn {
+    fn drop(&mut self) {
+        let mut free = FREE_CPUS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = free.as_mut() {
+            *n += self.0;
+        }
+        CPU_FREED.notify_all();
+    }
+}
 
 impl RxeLab {
     /// Boots `n` VMs with the default configuration, in parallel.
@@ -1317,8 +1358,7 @@ impl RxeLab {
 
     /// Boots `n` VMs with `config`, in parallel.
     pub fn with_config(n: usize, config: &VmConfig) -> Result<RxeLab> {
-        // A test that panicked while holding the turn has dropped its lab: go on.
-        let turn = LAB_TURN.lock().unwrap_or_else(|p| p.into_inner());
+        let turn = LabTurn::take(n);
         let image = open_image(config)?;
         let net = Arc::new(LabNet::new(config.mtu)?);
         let results: Vec<Result<RxeVm>> = std::thread::scope(|scope| {
