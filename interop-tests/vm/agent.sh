@@ -33,16 +33,23 @@ while IFS= read -r line; do
     case "$op" in
     S)
         printf '%s' "$arg" | base64 -d >"$J/$id.sh"
+        # The job's runner is started by a subshell that ends at once and is waited for here,
+        # so it is not the agent's child: its end sends the agent no SIGCHLD. ash catches that
+        # signal without SA_RESTART, and one arriving while `say` wrote to the port cut the
+        # line: an answer lost now and then under load (an OUT line, or a RUNNING the harness
+        # then waited a minute for).
         (
-            # Not a process-group leader, so setsid does not fork: the pid is the session id.
-            setsid sh -c '. /etc/ferroce-preamble; . "$0"' "$J/$id.sh" \
-                </dev/null >"$J/$id.out" 2>"$J/$id.err" 3>&- &
-            echo $! >"$J/$id.pid"
-            wait $!
-            echo $? >"$J/$id.rc.tmp"
-            mv "$J/$id.rc.tmp" "$J/$id.rc"
-            echo "$id" >&3
-        ) &
+            (
+                # Not a process-group leader, so setsid does not fork: the pid is the session id.
+                setsid sh -c '. /etc/ferroce-preamble; . "$0"' "$J/$id.sh" \
+                    </dev/null >"$J/$id.out" 2>"$J/$id.err" 3>&- &
+                echo $! >"$J/$id.pid"
+                wait $!
+                echo $? >"$J/$id.rc.tmp"
+                mv "$J/$id.rc.tmp" "$J/$id.rc"
+                echo "$id" >&3
+            ) &
+        )
         say "$id SPAWNED"
         ;;
     P)
