@@ -6,8 +6,8 @@
 
 use std::net::IpAddr;
 
-use crate::sys;
 use crate::NicError;
+use crate::{netlink, sys};
 
 /// One network interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,9 +64,10 @@ pub struct LinkWatch {
     /// opened: then only the state at each look is seen).
     events: Option<std::os::fd::OwnedFd>,
     index: u32,
-    /// Whether the driver gives ethtool's link state; messages are read by
-    /// the same rule as [`LinkWatch::state`] (else IFF_RUNNING).
-    ethtool_carrier: bool,
+    /// The flag of a link message that gives the carrier, by the rule of
+    /// [`LinkWatch::state`]: IFF_LOWER_UP (netif_carrier_ok) where the
+    /// driver gives ethtool's link state, else IFF_RUNNING.
+    carrier_flag: u32,
 }
 
 impl LinkWatch {
@@ -75,12 +76,17 @@ impl LinkWatch {
         let index = index(name).ok_or_else(|| NicError::NoSuchInterface(name.into()))?;
         let sock: std::os::fd::OwnedFd = ioctl_socket()?.into();
         let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
-        let ethtool_carrier = sys::if_state_by_index(fd, index).is_some_and(|(_, c)| c.is_some());
+        let ethtool = sys::if_state_by_index(fd, index).is_some_and(|(_, c)| c.is_some());
+        let carrier_flag = if ethtool {
+            libc::IFF_LOWER_UP
+        } else {
+            libc::IFF_RUNNING
+        } as u32;
         Ok(LinkWatch {
             sock,
-            events: sys::link_events_socket().ok(),
+            events: netlink::route_socket(libc::RTMGRP_LINK as u32, true).ok(),
             index,
-            ethtool_carrier,
+            carrier_flag,
         })
     }
 
@@ -101,14 +107,13 @@ impl LinkWatch {
     pub fn states(&self) -> Vec<LinkState> {
         let mut out = Vec::new();
         if let Some(events) = &self.events {
-            let fd = std::os::fd::AsRawFd::as_raw_fd(events);
             let mut buf = [0u8; 8192];
             loop {
-                match sys::recv_into(fd, &mut buf) {
+                match netlink::recv(events, &mut buf) {
                     Ok(n) => link_messages(
                         buf.get(..n).unwrap_or(&[]),
                         self.index,
-                        self.ethtool_carrier,
+                        self.carrier_flag,
                         &mut out,
                     ),
                     // Messages lost to a full queue: the state now still ends the list.
@@ -125,39 +130,26 @@ impl LinkWatch {
     }
 }
 
-/// Appends to `out` the state each RTM_NEWLINK in `msgs` (route netlink
-/// messages) gives interface `index`: IFF_UP, and the carrier from
-/// IFF_LOWER_UP (netif_carrier_ok) or, without `ethtool_carrier`,
-/// IFF_RUNNING. Layouts: linux/netlink.h (nlmsghdr, 16 bytes, messages
-/// 4-byte aligned), linux/rtnetlink.h (ifinfomsg: index at 4, flags at 8).
-fn link_messages(msgs: &[u8], index: u32, ethtool_carrier: bool, out: &mut Vec<LinkState>) {
-    const HEADER: usize = 16;
+/// Appends to `out` the state each RTM_NEWLINK in `msgs` (one datagram of
+/// route netlink messages) gives interface `index`: IFF_UP, and the carrier
+/// from `carrier_flag`. Layout: linux/rtnetlink.h (ifinfomsg: index at 4,
+/// flags at 8). A bad message ends the datagram.
+fn link_messages(msgs: &[u8], index: u32, carrier_flag: u32, out: &mut Vec<LinkState>) {
     let word = |b: &[u8], at: usize| -> Option<u32> {
         Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
     };
-    let mut rest = msgs;
-    while let (Some(len), Some(kind)) = (word(rest, 0), rest.get(4..6)) {
-        let len = len as usize;
-        let Some(msg) = rest.get(..len).filter(|_| len >= HEADER) else {
-            return;
-        };
-        let kind = u16::from_ne_bytes([kind[0], kind[1]]);
-        if kind == libc::RTM_NEWLINK {
-            if let (Some(i), Some(flags)) = (word(msg, HEADER + 4), word(msg, HEADER + 8)) {
-                if i == index {
-                    let carrier = if ethtool_carrier {
-                        libc::IFF_LOWER_UP
-                    } else {
-                        libc::IFF_RUNNING
-                    };
-                    out.push(LinkState {
-                        up: flags & libc::IFF_UP as u32 != 0,
-                        running: flags & carrier as u32 != 0,
-                    });
-                }
+    for (kind, body) in netlink::messages(msgs).map_while(Result::ok) {
+        if kind != libc::RTM_NEWLINK {
+            continue;
+        }
+        if let (Some(i), Some(flags)) = (word(body, 4), word(body, 8)) {
+            if i == index {
+                out.push(LinkState {
+                    up: flags & libc::IFF_UP as u32 != 0,
+                    running: flags & carrier_flag != 0,
+                });
             }
         }
-        rest = rest.get(len.next_multiple_of(4)..).unwrap_or(&[]);
     }
 }
 
@@ -309,7 +301,7 @@ mod tests {
         msgs.extend(newlink(7, up));
         msgs.extend(newlink(7, up | lower));
         let mut out = Vec::new();
-        link_messages(&msgs, 7, true, &mut out);
+        link_messages(&msgs, 7, lower, &mut out);
         let state = |up, running| LinkState { up, running };
         assert_eq!(
             out,
@@ -317,19 +309,19 @@ mod tests {
         );
         // Without ethtool's link state the carrier is IFF_RUNNING, as in state().
         out.clear();
-        link_messages(&newlink(7, up | lower), 7, false, &mut out);
-        link_messages(&newlink(7, up | running), 7, false, &mut out);
+        link_messages(&newlink(7, up | lower), 7, running, &mut out);
+        link_messages(&newlink(7, up | running), 7, running, &mut out);
         assert_eq!(out, [state(true, false), state(true, true)]);
         // Cut short, a length past the end or below a header: nothing read, no panic.
         for bad in [&msgs[..20], &msgs[..35]] {
             out.clear();
-            link_messages(bad, 7, true, &mut out);
+            link_messages(bad, 7, lower, &mut out);
             assert!(out.len() <= 1, "{out:?}");
         }
         let mut short = newlink(7, up);
         short[0] = 8;
         out.clear();
-        link_messages(&short, 7, true, &mut out);
+        link_messages(&short, 7, lower, &mut out);
         assert!(out.is_empty());
     }
 

@@ -29,6 +29,7 @@ pub mod mcast;
 pub mod mem;
 pub mod middleware;
 pub mod neigh;
+mod netlink;
 pub mod netns;
 pub mod offload;
 pub mod port_share;

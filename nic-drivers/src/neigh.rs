@@ -7,6 +7,7 @@
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
+use crate::netlink;
 use crate::netns::run;
 use crate::NicError;
 
@@ -37,52 +38,32 @@ pub fn lookup(ip: IpAddr, ifname: &str) -> Result<Option<[u8; 6]>, NicError> {
     }
 }
 
-// linux/netlink.h, linux/rtnetlink.h, linux/neighbour.h
+// linux/rtnetlink.h, linux/neighbour.h
 const RTM_NEWNEIGH: u16 = 28;
 const RTM_GETNEIGH: u16 = 30;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
 const NLM_F_REQUEST: u16 = 0x01;
 const NLM_F_DUMP: u16 = 0x300;
 const NDA_DST: u16 = 1;
 const NDA_LLADDR: u16 = 2;
 const NUD_INCOMPLETE: u16 = 0x01;
 const NUD_FAILED: u16 = 0x20;
-const NLMSG_HDRLEN: usize = 16;
 const NDMSG_LEN: usize = 12;
-
-fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
 
 /// RTM_GETNEIGH dump of one family, filtered here by interface and address.
 pub fn lookup_netlink(ip: IpAddr, ifindex: u32) -> Result<Option<[u8; 6]>, NicError> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: plain syscall.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    let fd = crate::sys::owned(fd, "socket(NETLINK_ROUTE)")?;
+    let fd = netlink::route_socket(0, false)?;
     let family = if ip.is_ipv6() {
         libc::AF_INET6
     } else {
         libc::AF_INET
     } as u8;
-    let mut req = [0u8; NLMSG_HDRLEN + NDMSG_LEN];
-    req[0..4].copy_from_slice(&((NLMSG_HDRLEN + NDMSG_LEN) as u32).to_ne_bytes());
+    let mut req = [0u8; netlink::HEADER_LEN + NDMSG_LEN];
+    req[0..4].copy_from_slice(&((netlink::HEADER_LEN + NDMSG_LEN) as u32).to_ne_bytes());
     req[4..6].copy_from_slice(&RTM_GETNEIGH.to_ne_bytes());
     req[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
     req[8..12].copy_from_slice(&1u32.to_ne_bytes()); // seq
-    req[NLMSG_HDRLEN] = family; // ndm_family
-                                // SAFETY: req is a complete request; the kernel is the destination (no address needed).
-    let r = unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
-    if r < 0 {
-        return Err(NicError::last_os("send RTM_GETNEIGH"));
-    }
+    req[netlink::HEADER_LEN] = family; // ndm_family
+    netlink::send(&fd, &req, "send RTM_GETNEIGH")?;
     let want: Vec<u8> = match ip {
         IpAddr::V4(a) => a.octets().to_vec(),
         IpAddr::V6(a) => a.octets().to_vec(),
@@ -90,35 +71,22 @@ pub fn lookup_netlink(ip: IpAddr, ifindex: u32) -> Result<Option<[u8; 6]>, NicEr
     let mut buf = vec![0u8; 1 << 16];
     let mut found = None;
     loop {
-        // SAFETY: buf has room for buf.len() bytes.
-        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            return Err(NicError::last_os("recv rtnetlink"));
-        }
+        let n = netlink::recv(&fd, &mut buf).map_err(|e| NicError::io("recv rtnetlink", e))?;
         if n == 0 {
             return Ok(found);
         }
-        let data = &buf[..n as usize];
-        let mut off = 0;
-        while let Some(h) = data.get(off..off + NLMSG_HDRLEN) {
-            let len = u32::from_ne_bytes([h[0], h[1], h[2], h[3]]) as usize;
-            let ty = u16::from_ne_bytes([h[4], h[5]]);
-            if len < NLMSG_HDRLEN || off + len > data.len() {
-                return Err(NicError::Malformed("rtnetlink message length"));
-            }
-            match ty {
-                NLMSG_DONE => return Ok(found),
-                NLMSG_ERROR => return Err(NicError::Malformed("rtnetlink error reply")),
+        for m in netlink::messages(buf.get(..n).unwrap_or(&[])) {
+            let (kind, body) = m.map_err(|_| NicError::Malformed("rtnetlink message length"))?;
+            match kind {
+                netlink::NLMSG_DONE => return Ok(found),
+                netlink::NLMSG_ERROR => return Err(NicError::Malformed("rtnetlink error reply")),
                 RTM_NEWNEIGH => {
-                    if let Some(m) =
-                        parse_newneigh(&data[off + NLMSG_HDRLEN..off + len], ifindex, &want)
-                    {
+                    if let Some(m) = parse_newneigh(body, ifindex, &want) {
                         found = Some(m);
                     }
                 }
                 _ => {}
             }
-            off += align4(len);
         }
     }
 }
@@ -145,7 +113,7 @@ fn parse_newneigh(body: &[u8], ifindex: u32, want: &[u8]) -> Option<[u8; 6]> {
             NDA_LLADDR => lladdr = Some(val),
             _ => {}
         }
-        off += align4(alen);
+        off += netlink::align4(alen);
     }
     if dst? != want {
         return None;

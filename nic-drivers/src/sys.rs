@@ -189,45 +189,6 @@ pub(crate) fn ifreq_of_index(fd: RawFd, index: u32) -> std::io::Result<libc::ifr
     Ok(ifr)
 }
 
-/// A route netlink socket of the calling thread's network namespace,
-/// non-blocking, in the link group (RTMGRP_LINK): the kernel queues an
-/// RTM_NEWLINK on it for every change of an interface's flags or carrier.
-pub(crate) fn link_events_socket() -> Result<OwnedFd, NicError> {
-    // SAFETY: plain syscall with valid constants.
-    let fd = owned(
-        unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        },
-        "netlink socket",
-    )?;
-    // SAFETY: sockaddr_nl is plain old data; all-zero is a valid value.
-    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-    addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-    addr.nl_groups = libc::RTMGRP_LINK as u32;
-    // SAFETY: addr is a sockaddr_nl of the length given, alive for the call.
-    let r = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_nl).cast(),
-            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-        )
-    };
-    cvt(r, "bind netlink socket to the link group")?;
-    Ok(fd)
-}
-
-/// One datagram from non-blocking `fd` into `buf`: its length, or the error
-/// (WouldBlock when nothing waits).
-pub(crate) fn recv_into(fd: RawFd, buf: &mut [u8]) -> std::io::Result<usize> {
-    // SAFETY: buf is writable for its whole length during the call.
-    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-    usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
-}
-
 /// The flags (IFF_UP, IFF_RUNNING, ...) of the interface with index
 /// `index`, and whether it has a carrier (None: its driver does not say),
 /// asked through `fd` (so in `fd`'s network namespace). None when there is
