@@ -176,7 +176,6 @@ pub unsafe extern "C" fn ibv_get_async_event(
     }
     // SAFETY: live context (caller).
     let f = unsafe { crate::handles::fctx(ctx) };
-    // SAFETY: our fd.
     // SAFETY: live context (caller).
     let fd = unsafe { (*ctx).async_fd };
     // SAFETY: our fd.
