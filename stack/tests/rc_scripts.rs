@@ -390,6 +390,46 @@ fn remote_access_error_nak() {
     assert_eq!(p.net.cores[0].qp_state(p.qp(0)), Some(QpState::Err));
 }
 
+/// C9-88 (as rxe's check_rkey): a zero-length WRITE or READ touches no
+/// memory, so its rkey and address are not checked; one byte is.
+#[test]
+fn zero_length_write_and_read_skip_the_rkey_check() {
+    let mut p = Pair::new(QpType::Rc);
+    let (va, rkey) = p.remote(1, 0);
+    let bad = rkey ^ 0x55;
+    let write = SendOp::RdmaWrite {
+        remote_addr: 0,
+        rkey: bad,
+    };
+    let read = SendOp::RdmaRead {
+        remote_addr: 0,
+        rkey: bad,
+    };
+    p.post(0, 1, write, &[]).unwrap();
+    p.post(0, 2, read, &[]).unwrap();
+    p.run();
+    assert_eq!(
+        p.scq(0).iter().map(|w| w.status).collect::<Vec<_>>(),
+        vec![WcStatus::Success, WcStatus::Success]
+    );
+    assert_eq!(p.net.cores[1].qp_state(p.qp(1)), Some(QpState::Rts));
+    for op in [
+        SendOp::RdmaWrite {
+            remote_addr: va,
+            rkey: bad,
+        },
+        SendOp::RdmaRead {
+            remote_addr: va,
+            rkey: bad,
+        },
+    ] {
+        let mut p = Pair::new(QpType::Rc);
+        p.post(0, 3, op, &[p.sge(0, 0, 1)]).unwrap();
+        p.run();
+        assert_eq!(p.scq(0)[0].status, WcStatus::RemAccessErr);
+    }
+}
+
 #[test]
 fn remote_access_bounds_overflow_and_read_permission() {
     for (i, op) in [

@@ -629,18 +629,8 @@ impl Qp {
                 Ok(r) => r,
                 Err(o) => return o,
             };
-            // check_rkey; a zero-length WRITE touches no memory and is not checked (C9-88).
-            if reth.dma_len > 0 {
-                if let Err(e) = ctx.mrs.check(
-                    reth.rkey,
-                    self.pd,
-                    reth.va,
-                    u64::from(reth.dma_len),
-                    AccessFlags::REMOTE_WRITE,
-                ) {
-                    let (code, st, why) = access_status(e);
-                    return Outcome::Fatal(code, st, why);
-                }
+            if let Some(o) = self.check_rkey(ctx, &reth, AccessFlags::REMOTE_WRITE) {
+                return o;
             }
             self.resp.write = WriteCtx {
                 rkey: reth.rkey,
@@ -752,6 +742,27 @@ impl Qp {
         self.rd_atomic_pending().1 < usize::from(self.attr.max_dest_rd_atomic)
     }
 
+    /// rxe's check_rkey for the range a RETH names: None when `access` to it
+    /// is allowed, else the fatal outcome. A zero-length request touches no
+    /// memory and is not checked (C9-88).
+    fn check_rkey(
+        &self,
+        ctx: &mut Ctx<'_>,
+        reth: &crate::wire::reth::Repr,
+        access: AccessFlags,
+    ) -> Option<Outcome> {
+        if reth.dma_len == 0 {
+            return None;
+        }
+        let len = u64::from(reth.dma_len);
+        let e = ctx
+            .mrs
+            .check(reth.rkey, self.pd, reth.va, len, access)
+            .err()?;
+        let (code, st, why) = access_status(e);
+        Some(Outcome::Fatal(code, st, why))
+    }
+
     fn exec_read(&mut self, pkt: &ParsedPacket<'_>, ctx: &mut Ctx<'_>) -> Outcome {
         let reth = match request_reth(pkt) {
             Ok(r) => r,
@@ -760,17 +771,8 @@ impl Qp {
         if let Some(o) = self.rd_atomic_backlog_full() {
             return o;
         }
-        if reth.dma_len > 0 {
-            if let Err(e) = ctx.mrs.check(
-                reth.rkey,
-                self.pd,
-                reth.va,
-                u64::from(reth.dma_len),
-                AccessFlags::REMOTE_READ,
-            ) {
-                let (code, st, why) = access_status(e);
-                return Outcome::Fatal(code, st, why);
-            }
+        if let Some(o) = self.check_rkey(ctx, &reth, AccessFlags::REMOTE_READ) {
+            return o;
         }
         let p = pkt.repr.bth.psn;
         let n = packets(u64::from(reth.dma_len), self.mtu());
@@ -1066,23 +1068,33 @@ impl Qp {
                     ext.aeth = Some(aeth::Repr::new(ack, msn));
                 }
                 repr.ext = ext;
-                let Ok((mr, off)) =
-                    ctx.mrs
-                        .check_ref(rkey, self.pd, va, u64::from(n), AccessFlags::REMOTE_READ)
-                else {
-                    // The region went away under a READ in progress.
-                    self.resp.out.pop_front();
-                    let m = self.resp.msn;
-                    self.enter_error(ctx);
-                    self.push_nak(NakCode::RemoteAccessError, psn, m, ctx);
-                    return self.poll_response(buf, ctx);
+                let r = if n == 0 {
+                    // A zero-length READ names no memory: its rkey was never
+                    // checked (C9-88), and nothing is read.
+                    repr.emit(buf, &[])
+                } else {
+                    let Ok((mr, off)) = ctx.mrs.check_ref(
+                        rkey,
+                        self.pd,
+                        va,
+                        u64::from(n),
+                        AccessFlags::REMOTE_READ,
+                    ) else {
+                        // The region went away under a READ in progress.
+                        self.resp.out.pop_front();
+                        let m = self.resp.msn;
+                        self.enter_error(ctx);
+                        self.push_nak(NakCode::RemoteAccessError, psn, m, ctx);
+                        return self.poll_response(buf, ctx);
+                    };
+                    let mut ok = true;
+                    let r = repr
+                        .emit_with(buf, n as usize, |dst| ok = mr.region.read(off, dst).is_ok());
+                    if !ok {
+                        ctx.stats.count("tx_read_response_copy");
+                    }
+                    r
                 };
-                let mut ok = true;
-                let r =
-                    repr.emit_with(buf, n as usize, |dst| ok = mr.region.read(off, dst).is_ok());
-                if !ok {
-                    ctx.stats.count("tx_read_response_copy");
-                }
                 if last {
                     self.resp.out.pop_front();
                 } else if let Some(RespOut::Read {
