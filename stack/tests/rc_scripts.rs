@@ -405,12 +405,25 @@ fn zero_length_write_and_read_skip_the_rkey_check() {
         remote_addr: 0,
         rkey: bad,
     };
+    let write_imm = SendOp::RdmaWriteWithImm {
+        remote_addr: 0,
+        rkey: bad,
+        imm: 7,
+    };
     p.post(0, 1, write, &[]).unwrap();
     p.post(0, 2, read, &[]).unwrap();
+    p.post_recv(1, 9, 0, 0);
+    p.post(0, 3, write_imm, &[]).unwrap();
     p.run();
     assert_eq!(
         p.scq(0).iter().map(|w| w.status).collect::<Vec<_>>(),
-        vec![WcStatus::Success, WcStatus::Success]
+        vec![WcStatus::Success; 3]
+    );
+    let r = p.rcq(1);
+    assert_eq!(r.len(), 1);
+    assert_eq!(
+        (r[0].status, r[0].imm_data, r[0].byte_len),
+        (WcStatus::Success, Some(7), 0)
     );
     assert_eq!(p.net.cores[1].qp_state(p.qp(1)), Some(QpState::Rts));
     for op in [
