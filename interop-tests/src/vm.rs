@@ -1328,9 +1328,10 @@ impl LabTurn {
     fn take(vms: usize) -> LabTurn {
         // A test that panicked while holding the lock left the count right: go on.
         let mut free = FREE_CPUS.lock().unwrap_or_else(|p| p.into_inner());
-        let want = vms.clamp(1, lab_cpus());
+        let cpus = lab_cpus();
+        let want = vms.clamp(1, cpus);
         loop {
-            let now = free.get_or_insert_with(lab_cpus);
+            let now = free.get_or_insert(cpus);
             if *now >= want {
                 *now -= want;
                 return LabTurn(want);
