@@ -10,6 +10,8 @@
 //! its retire timer (`block_timeout_ms`, ≥ 1 ms) fires, so a lone frame may
 //! wait up to that long. Throughput is unaffected.
 
+mod gather;
+
 use std::cell::Cell;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, AtomicU32, Ordering};
@@ -21,7 +23,7 @@ use crate::ipv4_id::IdRecovery;
 use crate::mcast::Memberships;
 use crate::raw_share::RawShare;
 use crate::{offload, sys};
-use crate::{NicError, PacketIo, RxSink, RxSinkChecked, Stats, TxFill};
+use crate::{NicError, PacketIo, RxSink, RxSinkChecked, Stats, TxFill, TxSource};
 
 // linux/if_packet.h
 const SOL_PACKET: libc::c_int = 263;
@@ -150,6 +152,12 @@ pub struct AfPacketConfig {
     /// IPv4 ID and ICRC updated without the ICRC being checked first, one CRC
     /// pass less per frame. Off by default, so other payloads pass unchanged.
     pub tx_icrc_valid: bool,
+    /// `transmit_gather` sends each frame's payload from where its source
+    /// keeps it (sendmmsg on a second packet socket, without a ring), so the
+    /// kernel's copy is the only one; off, it joins each frame in the TX ring
+    /// (our copy, and over veth the kernel's second). `transmit` always uses
+    /// the ring.
+    pub gather: bool,
 }
 
 impl AfPacketConfig {
@@ -176,6 +184,7 @@ impl AfPacketConfig {
             share_qpns: false,
             gso: true,
             tx_icrc_valid: false,
+            gather: true,
         }
     }
 }
@@ -382,6 +391,8 @@ pub struct AfPacketIo {
     /// receive looks again (the interface's removal may follow, unannounced).
     link_down: bool,
     tx_fd: OwnedFd,
+    // Sends of frames gathered from their sources (`AfPacketConfig::gather`).
+    gather: Option<gather::GatherTx>,
     rx_ring: Mmap,
     tx_ring: Mmap,
     cfg: AfPacketConfig,
@@ -807,7 +818,19 @@ impl AfPacketIo {
         // Ethernet header + one VLAN tag on top of the IP MTU.
         let vnet_len = if gso { VNET_HDR_LEN } else { 0 };
         let max_frame_len = (mtu + 18).min(tx_frame_size - T2_DATA - vnet_len);
+        let gather = if cfg.gather {
+            Some(gather::GatherTx::open(
+                ifindex,
+                (max_frame_len, mtu),
+                gso,
+                cfg.qdisc_bypass,
+                cfg.tx_icrc_valid,
+            )?)
+        } else {
+            None
+        };
         Ok(AfPacketIo {
+            gather,
             mcast: Memberships::new(ifindex, None, None),
             rx_fd,
             empty_recvs: Default::default(),
@@ -1368,6 +1391,24 @@ impl PacketIo for AfPacketIo {
             self.transmit_plain(max, fill)
         };
         Ok(n)
+    }
+
+    fn gathers(&self) -> bool {
+        self.gather.is_some()
+    }
+
+    fn transmit_gather(&mut self, max: usize, src: &mut dyn TxSource) -> Result<usize, NicError> {
+        if self.gather.is_none() {
+            return crate::transmit_joined(self, max, src);
+        }
+        // Frames left in the ring by an earlier `transmit` go first.
+        if self.tx_unsent {
+            self.flush(Duration::ZERO);
+        }
+        match self.gather.as_mut() {
+            Some(g) => g.send(max, src, &mut self.stats),
+            None => Ok(0),
+        }
     }
 
     fn qpn_prefix(&self) -> Option<u8> {

@@ -83,34 +83,41 @@ impl Run {
     /// whose datagram ends the frame and carries at least a BTH's first 8
     /// bytes.
     pub fn start(f: &[u8]) -> Option<Run> {
-        let (v6, hl) = match be16(f, 12)? {
-            0x0800 if *f.get(ETH_HLEN)? == 0x45 && *f.get(ETH_HLEN + 9)? == 17 => {
+        Run::start_split(f, f.len())
+    }
+
+    /// [`Run::start`] for a `len`-byte frame of which `h` holds the start
+    /// (its headers and at least the BTH's first 8 bytes); the rest may lie
+    /// elsewhere (a gathered send).
+    pub fn start_split(h: &[u8], len: usize) -> Option<Run> {
+        let (v6, hl) = match be16(h, 12)? {
+            0x0800 if *h.get(ETH_HLEN)? == 0x45 && *h.get(ETH_HLEN + 9)? == 17 => {
                 // Not a fragment (the filter at the peer refuses them anyway).
-                if be16(f, ETH_HLEN + 6)? & 0x3FFF != 0 {
+                if be16(h, ETH_HLEN + 6)? & 0x3FFF != 0 {
                     return None;
                 }
                 (false, ETH_HLEN + 20 + 8)
             }
-            0x86DD if *f.get(ETH_HLEN + 6)? == 17 => (true, ETH_HLEN + 40 + 8),
+            0x86DD if *h.get(ETH_HLEN + 6)? == 17 => (true, ETH_HLEN + 40 + 8),
             _ => return None,
         };
-        let udp_len = usize::from(be16(f, hl - 4)?);
-        if udp_len != f.len() - (hl - 8) || f.len() < hl + BTH_DEST_QP + 3 {
+        let udp_len = usize::from(be16(h, hl - 4)?);
+        if len < hl + BTH_DEST_QP + 3 || udp_len != len - (hl - 8) || h.len() > len {
             return None;
         }
         let mut hdr = [0u8; MAX_HDR];
-        hdr[..hl].copy_from_slice(f.get(..hl)?);
-        let first_id = if v6 { 0 } else { be16(f, ETH_HLEN + 4)? };
+        hdr[..hl].copy_from_slice(h.get(..hl)?);
+        let first_id = if v6 { 0 } else { be16(h, ETH_HLEN + 4)? };
         let mut qp = [0u8; 3];
-        qp.copy_from_slice(f.get(hl + BTH_DEST_QP..hl + BTH_DEST_QP + 3)?);
+        qp.copy_from_slice(h.get(hl + BTH_DEST_QP..hl + BTH_DEST_QP + 3)?);
         Some(Run {
             qp,
             hdr,
             hl,
             v6,
-            seg: f.len() - hl,
+            seg: len - hl,
             segs: 1,
-            payload: f.len() - hl,
+            payload: len - hl,
             closed: false,
             first_id,
         })
@@ -149,10 +156,16 @@ impl Run {
     /// same destination QP, a UDP payload no longer than the first one's, and
     /// a super-frame that stays within `cap` bytes and the IP length limit.
     pub fn admits(&self, f: &[u8], cap: usize) -> bool {
-        if self.is_closed() || f.len() <= self.hl {
+        self.admits_split(f, f.len(), cap)
+    }
+
+    /// [`Run::admits`] for a `len`-byte frame of which `h` holds the start
+    /// (see [`Run::start_split`]).
+    pub fn admits_split(&self, h: &[u8], len: usize, cap: usize) -> bool {
+        if self.is_closed() || len <= self.hl || h.len() > len {
             return false;
         }
-        let plen = f.len() - self.hl;
+        let plen = len - self.hl;
         if plen > self.seg
             || self.frame_len() + plen > cap
             || self.hl - IP_AT + self.payload + plen > MAX_IP_LEN
@@ -169,17 +182,17 @@ impl Run {
                     (ip + 2..ip + 6).contains(&i) || (ip + 10..ip + 12).contains(&i)
                 }
         };
-        let Some(h) = f.get(..self.hl) else {
+        let Some(hh) = h.get(..self.hl) else {
             return false;
         };
-        let same = h
+        let same = hh
             .iter()
             .zip(&self.hdr[..self.hl])
             .enumerate()
             .all(|(i, (a, b))| a == b || rewritten(i));
-        let udp_len = be16(f, udp + 4).map(usize::from);
+        let udp_len = be16(h, udp + 4).map(usize::from);
         let qp = self.hl + BTH_DEST_QP;
-        same && udp_len == Some(plen + 8) && f.get(qp..qp + 3) == Some(&self.qp[..])
+        same && udp_len == Some(plen + 8) && h.get(qp..qp + 3) == Some(&self.qp[..])
     }
 
     /// Counts a frame that joined with a `plen`-byte UDP payload.
@@ -196,7 +209,8 @@ impl Run {
     /// whole length, as a UDP socket's GSO send would have them: lengths, the
     /// IPv4 header checksum, and the UDP checksum field holding the
     /// pseudo-header sum (the device finishes it, `NEEDS_CSUM`). A run of one
-    /// frame is sent as it came, with a plain header.
+    /// frame is sent as it came, with a plain header. `f` needs to hold the
+    /// headers only (the payloads may lie elsewhere).
     pub fn finish(&self, vnet: &mut [u8], f: &mut [u8]) {
         if vnet.len() < VNET_HDR_LEN || f.len() < self.hl {
             return;
@@ -217,7 +231,7 @@ impl Run {
             f[ip + 10..ip + 12].copy_from_slice(&c.to_be_bytes());
         }
         f[udp + 4..udp + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
-        if let Some(c) = crate::offload::partial_form(&f[..self.hl + self.payload]) {
+        if let Some(c) = crate::offload::partial_form_of_headers(&f[..self.hl]) {
             f[udp + 6..udp + 8].copy_from_slice(&c.to_be_bytes());
         }
         vnet[0] = VIRTIO_NET_HDR_F_NEEDS_CSUM;

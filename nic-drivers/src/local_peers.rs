@@ -29,7 +29,10 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use crate::{frame, sys};
-use crate::{NicError, PacketIo, RxSink, RxSinkChecked, Stats, TxFill, UdpConfig, UdpIo};
+use crate::{
+    GatherFrame, NicError, PacketIo, PayloadRef, RxSink, RxSinkChecked, Stats, TxFill, TxSource,
+    UdpConfig, UdpIo,
+};
 
 /// Calls after a local peer's last datagram during which the socket is read
 /// at every call.
@@ -173,6 +176,90 @@ fn bind_for(main: &dyn PacketIo, cfg: UdpConfig) -> Result<UdpIo, NicError> {
     })
 }
 
+impl LocalPeersIo {
+    /// Sends the frames diverted during a transmit of `n` frames through
+    /// the sockets; returns all frames taken.
+    fn send_diverted(&mut self, n: usize) -> Result<usize, NicError> {
+        if self.used == 0 {
+            return Ok(n);
+        }
+        let pending = &self.pending[..self.used];
+        let mut sent = 0;
+        for Local { io: local, .. } in &mut self.locals {
+            let family = local.local_addr().is_ipv6();
+            let frames: Vec<&[u8]> = pending
+                .iter()
+                .filter(|(v6, _)| *v6 == family)
+                .map(|(_, f)| f.as_slice())
+                .collect();
+            if !frames.is_empty() {
+                sent += frames.len();
+                // Frames a socket could not take are lost, as on a full ring:
+                // the transport retransmits them.
+                local.send_frames(&frames)?;
+            }
+        }
+        self.unsent += (self.used - sent) as u64;
+        Ok(n + self.used)
+    }
+}
+
+/// Keeps a copy of a frame (given in `parts`) for a local peer's socket.
+fn divert(pending: &mut Vec<(bool, Vec<u8>)>, used: &mut usize, parts: &[&[u8]]) {
+    if pending.len() == *used {
+        pending.push((false, Vec::new()));
+    }
+    if let Some((v6, p)) = pending.get_mut(*used) {
+        p.clear();
+        for part in parts {
+            p.extend_from_slice(part);
+        }
+        // Not UDP at all: to the IPv4 socket, which drops and counts it.
+        *v6 = frame::parse_udp(p).is_ok_and(|i| i.src.is_ipv6());
+        *used += 1;
+    }
+}
+
+/// A [`TxSource`] that keeps the frames to this host's own MAC (see
+/// [`divert`]) and hands the others on.
+struct Diverting<'a, 'b> {
+    src: &'a mut dyn TxSource,
+    mac: [u8; 6],
+    pending: &'b mut Vec<(bool, Vec<u8>)>,
+    used: &'b mut usize,
+    /// Frames whose payload the source no longer had.
+    lost: &'b mut u64,
+}
+
+impl TxSource for Diverting<'_, '_> {
+    fn fill(&mut self, buf: &mut [u8]) -> Option<GatherFrame> {
+        loop {
+            let f = self.src.fill(buf)?;
+            if buf.get(..6) != Some(&self.mac[..]) {
+                return Some(f);
+            }
+            let head = buf.get(..f.head).unwrap_or_default();
+            match f.payload {
+                None => divert(self.pending, self.used, &[head]),
+                Some(p) => {
+                    // The payload is valid until the next fill: copy it now.
+                    let payload = self.src.payload(&p).unwrap_or_default();
+                    let tail = buf.get(f.head..f.head + f.tail).unwrap_or_default();
+                    if payload.len() == p.len {
+                        divert(self.pending, self.used, &[head, payload, tail]);
+                    } else {
+                        *self.lost += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    fn payload(&self, p: &PayloadRef) -> Option<&[u8]> {
+        self.src.payload(p)
+    }
+}
+
 impl PacketIo for LocalPeersIo {
     fn kind(&self) -> &'static str {
         self.main.kind()
@@ -238,38 +325,26 @@ impl PacketIo for LocalPeersIo {
             let Some(frame) = buf.get(..len).filter(|f| f.get(..6) == Some(&mac[..])) else {
                 return Some(len);
             };
-            if pending.len() == *used {
-                pending.push((false, Vec::new()));
-            }
-            if let Some((v6, p)) = pending.get_mut(*used) {
-                // Not UDP at all: to the IPv4 socket, which drops and counts it.
-                *v6 = frame::parse_udp(frame).is_ok_and(|i| i.src.is_ipv6());
-                p.clear();
-                p.extend_from_slice(frame);
-                *used += 1;
-            }
+            divert(pending, used, &[frame]);
         })?;
-        if self.used == 0 {
-            return Ok(n);
-        }
-        let pending = &self.pending[..self.used];
-        let mut sent = 0;
-        for Local { io: local, .. } in &mut self.locals {
-            let family = local.local_addr().is_ipv6();
-            let frames: Vec<&[u8]> = pending
-                .iter()
-                .filter(|(v6, _)| *v6 == family)
-                .map(|(_, f)| f.as_slice())
-                .collect();
-            if !frames.is_empty() {
-                sent += frames.len();
-                // Frames a socket could not take are lost, as on a full ring:
-                // the transport retransmits them.
-                local.send_frames(&frames)?;
-            }
-        }
-        self.unsent += (self.used - sent) as u64;
-        Ok(n + self.used)
+        self.send_diverted(n)
+    }
+
+    fn gathers(&self) -> bool {
+        self.main.gathers()
+    }
+
+    fn transmit_gather(&mut self, max: usize, src: &mut dyn TxSource) -> Result<usize, NicError> {
+        self.used = 0;
+        let mut local = Diverting {
+            src,
+            mac: self.main.mac(),
+            pending: &mut self.pending,
+            used: &mut self.used,
+            lost: &mut self.unsent,
+        };
+        let n = self.main.transmit_gather(max, &mut local)?;
+        self.send_diverted(n)
     }
 
     fn poll_fd(&self) -> RawFd {

@@ -60,6 +60,11 @@ fn finish(sum: u64) -> u16 {
 /// Finds the UDP datagram of an Ethernet (optionally one VLAN tag) IPv4 or
 /// IPv6 frame; None for anything else or anything truncated.
 fn locate(f: &[u8]) -> Option<Udp> {
+    locate_headers(f).filter(|u| u.at + u.len <= f.len())
+}
+
+/// [`locate`] without requiring the datagram to lie in `f`.
+fn locate_headers(f: &[u8]) -> Option<Udp> {
     let mut ip_at = 14;
     let mut ethertype = be16(f, 12)?;
     if ethertype == 0x8100 || ethertype == 0x88A8 {
@@ -82,7 +87,7 @@ fn locate(f: &[u8]) -> Option<Udp> {
         _ => return None,
     };
     let len = usize::from(be16(f, at + 4)?);
-    if len < 8 || at + len > f.len() {
+    if len < 8 {
         return None;
     }
     let pseudo = add_words(0, src_dst) + 17 + len as u64;
@@ -122,6 +127,12 @@ impl Finish {
 /// frame is not UDP over IP.
 pub fn partial_form(f: &[u8]) -> Option<u16> {
     locate(f).map(|u| fold(u.pseudo))
+}
+
+/// [`partial_form`] from the Ethernet, IP and UDP headers alone (`h` may
+/// end at the UDP header; the datagram's bytes may lie elsewhere).
+pub fn partial_form_of_headers(h: &[u8]) -> Option<u16> {
+    locate_headers(h).map(|u| fold(u.pseudo))
 }
 
 /// When the frame's UDP checksum field holds the kernel's partial form (the

@@ -331,3 +331,24 @@ impl TimerFd {
         unsafe { libc::read(self.raw(), (&mut n as *mut u64).cast(), 8) };
     }
 }
+
+/// Appends `len` bytes at `p` to a message's iovecs (those from `start`
+/// on), extending the last one when they follow it (a tail and the next
+/// frame's head).
+pub(crate) fn push_iov(iov: &mut Vec<libc::iovec>, start: usize, p: *mut u8, len: usize) {
+    if len == 0 {
+        return;
+    }
+    if iov.len() > start {
+        if let Some(last) = iov.last_mut() {
+            if last.iov_base.cast::<u8>().wrapping_add(last.iov_len) == p {
+                last.iov_len += len;
+                return;
+            }
+        }
+    }
+    iov.push(libc::iovec {
+        iov_base: p.cast(),
+        iov_len: len,
+    });
+}

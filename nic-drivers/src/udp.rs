@@ -1137,27 +1137,6 @@ impl TxSource for Whole<'_, '_> {
     }
 }
 
-/// Appends `len` bytes at `p` to a message's iovecs (those from `start`
-/// on), extending the last one when they follow it (a tail and the next
-/// frame's head).
-fn push_iov(iov: &mut Vec<libc::iovec>, start: usize, p: *mut u8, len: usize) {
-    if len == 0 {
-        return;
-    }
-    if iov.len() > start {
-        if let Some(last) = iov.last_mut() {
-            if last.iov_base.cast::<u8>().wrapping_add(last.iov_len) == p {
-                last.iov_len += len;
-                return;
-            }
-        }
-    }
-    iov.push(libc::iovec {
-        iov_base: p.cast(),
-        iov_len: len,
-    });
-}
-
 /// The destination in the socket's family (v4 peers on a v6 socket go
 /// v4-mapped); None for a v6 peer on a v4 socket.
 fn socket_dst(v6_socket: bool, dst: SocketAddr) -> Option<SocketAddr> {
@@ -1686,7 +1665,7 @@ impl UdpIo {
             let start = self.tx_iov.len();
             let mut ok = true;
             for g in self.gather_frames.iter().skip(r.first).take(r.frames) {
-                push_iov(&mut self.tx_iov, start, base.wrapping_add(g.at), g.head);
+                sys::push_iov(&mut self.tx_iov, start, base.wrapping_add(g.at), g.head);
                 if let Some(pr) = &g.payload {
                     match src.payload(pr).filter(|b| b.len() == pr.len) {
                         Some(b) => self.tx_iov.push(libc::iovec {
@@ -1697,7 +1676,7 @@ impl UdpIo {
                         None => ok = false,
                     }
                 }
-                push_iov(
+                sys::push_iov(
                     &mut self.tx_iov,
                     start,
                     base.wrapping_add(g.at + g.head),

@@ -2,7 +2,8 @@
 //! flow leave as super-frames, and every kind of receiver on the other end
 //! of the veth gets the original frames back, each with a right ICRC (the
 //! kernel numbers a super-frame's IPv4 segments, so the sender must have
-//! built segment k's ICRC for ID k).
+//! built segment k's ICRC for ID k). The same with the frames' payloads
+//! gathered from elsewhere (`transmit_gather`: sendmmsg, no TX ring).
 
 mod common;
 
@@ -64,7 +65,7 @@ fn gso_sender(ifname: &str) -> Io {
     Box::new(AfPacketIo::open(c).unwrap())
 }
 
-fn send_and_check(kind: &str, v6: bool, open_rx: fn(&str, End) -> Io) {
+fn send_and_check(kind: &str, v6: bool, gathered: bool, open_rx: fn(&str, End) -> Io) {
     if !root_or_skip("afpacket GSO test") {
         return;
     }
@@ -90,7 +91,21 @@ fn send_and_check(kind: &str, v6: bool, open_rx: fn(&str, End) -> Io) {
         .map(|(psn, &(qp, len))| roce(ea, eb, qp, psn as u32, len))
         .collect();
     let before = a.stats();
-    send_all(&mut a, &frames);
+    if gathered {
+        assert!(a.gathers());
+        let mut src = Splitter {
+            frames: &frames,
+            next: 0,
+        };
+        let mut sent = 0;
+        while sent < frames.len() {
+            let n = a.transmit_gather(64, &mut src).unwrap();
+            assert!(n > 0);
+            sent += n;
+        }
+    } else {
+        send_all(&mut a, &frames);
+    }
     let mut got = Vec::new();
     let mut bad = 0;
     let t0 = Instant::now();
@@ -105,6 +120,7 @@ fn send_and_check(kind: &str, v6: bool, open_rx: fn(&str, End) -> Io) {
             b.wait(Some(Duration::from_millis(20))).unwrap();
         }
     }
+    let kind = format!("{kind} gathered={gathered}");
     assert_eq!(bad, 0, "{kind} v6={v6}: frames with a wrong ICRC");
     let psns: Vec<u32> = got.iter().map(|g| g.1).collect();
     assert_eq!(
@@ -121,6 +137,7 @@ fn send_and_check(kind: &str, v6: bool, open_rx: fn(&str, End) -> Io) {
     }
     let st = a.stats().since(&before);
     assert_eq!(st.tx_frames, frames.len() as u64);
+    assert_eq!(st.tx_dropped, 0);
     if gso_expected() {
         assert!(st.tx_gso >= 5, "{kind} v6={v6}: {st:?}");
     }
@@ -156,7 +173,9 @@ fn every_kind_of_receiver_gets_the_frames() {
         ("udp", true, udp),
         ("afxdp", false, |i, _| raw_afxdp(i)),
     ];
-    for (kind, v6, open) in receivers {
-        send_and_check(kind, v6, open);
+    for gathered in [false, true] {
+        for (kind, v6, open) in receivers {
+            send_and_check(kind, v6, gathered, open);
+        }
     }
 }

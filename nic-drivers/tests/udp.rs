@@ -1,7 +1,11 @@
 //! UDP backend on loopback: frames in, frames out, headers synthesised right.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
+
+use common::Splitter;
 
 use ferroce_nic::frame::{build_udp_frame, parse_udp, HeaderSpec};
 use ferroce_nic::{PacketIo, UdpConfig, UdpIo};
@@ -371,47 +375,6 @@ fn roce_frames(spec: &HeaderSpec, n: u32, len: impl Fn(u32) -> u32) -> Vec<Vec<u
             f
         })
         .collect()
-}
-
-/// Serves whole RoCE frames to `transmit_gather` in two parts around their
-/// payload (every third one whole, as the core writes ACKs and copied frames).
-struct Splitter<'a> {
-    frames: &'a [Vec<u8>],
-    next: usize,
-}
-
-impl ferroce_nic::TxSource for Splitter<'_> {
-    fn fill(&mut self, buf: &mut [u8]) -> Option<ferroce_nic::GatherFrame> {
-        let f = self.frames.get(self.next)?;
-        let key = self.next as u32;
-        self.next += 1;
-        let head = parse_udp(f).unwrap().payload_offset + 12;
-        if key % 3 == 2 {
-            buf[..f.len()].copy_from_slice(f);
-            return Some(ferroce_nic::GatherFrame {
-                head: f.len(),
-                tail: 0,
-                payload: None,
-            });
-        }
-        let end = f.len() - 4;
-        buf[..head].copy_from_slice(&f[..head]);
-        buf[head..head + 4].copy_from_slice(&f[end..]);
-        Some(ferroce_nic::GatherFrame {
-            head,
-            tail: 4,
-            payload: Some(ferroce_nic::PayloadRef {
-                key,
-                offset: head as u64,
-                len: end - head,
-            }),
-        })
-    }
-
-    fn payload(&self, p: &ferroce_nic::PayloadRef) -> Option<&[u8]> {
-        let f = self.frames.get(p.key as usize)?;
-        f.get(p.offset as usize..p.offset as usize + p.len)
-    }
 }
 
 /// Frames sent with their payloads gathered from elsewhere arrive as whole

@@ -303,6 +303,10 @@ pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
                 // Only the transport core fills this backend's frames, and its ICRCs are right.
                 tx_icrc_valid: true,
                 gso,
+                // The kernel copies payloads straight from the regions
+                // (AfPacketConfig::gather); FERROCE_AFPACKET_GATHER=0 joins
+                // each frame in the TX ring first, for comparison.
+                gather: std::env::var("FERROCE_AFPACKET_GATHER").map_or(true, |v| v != "0"),
                 ..AfPacketConfig::new(&cfg.ifname)
             })
             .map(|io| (Box::new(io) as Box<dyn PacketIo>, None))

@@ -291,3 +291,44 @@ pub fn other_traffic_reaches_kernel(t: &Topology) {
 }
 
 pub const SIZES: &[usize] = &[60, 64, 128, 1024, 1500, 4096, 4200, 8000, 9014];
+
+/// Serves whole RoCE frames to `transmit_gather` in two parts around their
+/// payload (every third one whole, as the core writes ACKs and copied frames).
+pub struct Splitter<'a> {
+    pub frames: &'a [Vec<u8>],
+    pub next: usize,
+}
+
+impl ferroce_nic::TxSource for Splitter<'_> {
+    fn fill(&mut self, buf: &mut [u8]) -> Option<ferroce_nic::GatherFrame> {
+        let f = self.frames.get(self.next)?;
+        let key = self.next as u32;
+        self.next += 1;
+        let head = ferroce_nic::frame::parse_udp(f).unwrap().payload_offset + 12;
+        if key % 3 == 2 {
+            buf[..f.len()].copy_from_slice(f);
+            return Some(ferroce_nic::GatherFrame {
+                head: f.len(),
+                tail: 0,
+                payload: None,
+            });
+        }
+        let end = f.len() - 4;
+        buf[..head].copy_from_slice(&f[..head]);
+        buf[head..head + 4].copy_from_slice(&f[end..]);
+        Some(ferroce_nic::GatherFrame {
+            head,
+            tail: 4,
+            payload: Some(ferroce_nic::PayloadRef {
+                key,
+                offset: head as u64,
+                len: end - head,
+            }),
+        })
+    }
+
+    fn payload(&self, p: &ferroce_nic::PayloadRef) -> Option<&[u8]> {
+        let f = self.frames.get(p.key as usize)?;
+        f.get(p.offset as usize..p.offset as usize + p.len)
+    }
+}
