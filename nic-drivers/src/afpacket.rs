@@ -609,6 +609,10 @@ fn sink_socket(port: u16) -> Option<OwnedFd> {
         k: 0,
     }];
     sys::attach_cbpf(raw, SO_ATTACH_FILTER, &drop_all, "SO_ATTACH_FILTER sink").ok()?;
+    // No UDP_GRO (which would let the kernel drop a peer's GSO super-frame
+    // whole rather than cut it up first, see `LocalPeersIo`): on the
+    // wildcard address it would make GRO join every interface's frames to
+    // the port, also those of an AF_XDP device elsewhere on the host.
     let (ss, len) = crate::udp::to_sockaddr(&std::net::SocketAddr::new(
         std::net::Ipv6Addr::UNSPECIFIED.into(),
         port,
@@ -1395,6 +1399,10 @@ impl PacketIo for AfPacketIo {
 
     fn gathers(&self) -> bool {
         self.gather.is_some()
+    }
+
+    fn receives_super_frames(&self) -> bool {
+        self.rx.vnet
     }
 
     fn transmit_gather(&mut self, max: usize, src: &mut dyn TxSource) -> Result<usize, NicError> {

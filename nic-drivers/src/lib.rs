@@ -330,6 +330,16 @@ pub trait PacketIo: Send {
         false
     }
 
+    /// Whether UDP GSO super-frames reach this backend whole and are cut by
+    /// it: frames of one flow the kernel's GRO joined (it does for a UDP
+    /// socket that asks for GRO on the address the frames go to), or a
+    /// peer's GSO send over veth. A socket beside it may then take UDP_GRO,
+    /// which also lets the kernel drop such a super-frame whole at that
+    /// socket instead of cutting it up first.
+    fn receives_super_frames(&self) -> bool {
+        false
+    }
+
     /// [`PacketIo::transmit`] for frames whose payload may stay where it
     /// lies (see [`TxSource`]). This default joins each frame in its TX slot
     /// (one copy of the payload, as `transmit`); a frame that does not fit
@@ -425,6 +435,9 @@ impl<T: PacketIo + ?Sized> PacketIo for Box<T> {
     }
     fn gathers(&self) -> bool {
         (**self).gathers()
+    }
+    fn receives_super_frames(&self) -> bool {
+        (**self).receives_super_frames()
     }
     fn leave_shared(&mut self) {
         (**self).leave_shared()

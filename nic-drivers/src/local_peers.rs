@@ -161,15 +161,19 @@ fn bind_for(main: &dyn PacketIo, cfg: UdpConfig) -> Result<UdpIo, NicError> {
         share_port: true,
         share_prefix: Some(prefix),
         loopback_only: true,
-        // Not UDP_GRO: GRO looks a wire frame's socket up by address, and a
-        // GRO socket on the interface's address made the kernel coalesce the
-        // raw device's own stream (back-to-back frames of one flow) into
-        // super-frames, which Linux before 6.2 cannot hand an AF_PACKET
-        // socket with PACKET_VNET_HDR (no UDP_L4 in virtio_net_hdr_from_skb)
-        // and drops: in a Debian 12 VM, 94 % of a UDP GSO sender's frames
-        // were lost. Over `lo` nothing is coalesced; a local GSO send
-        // is cut by the kernel for a socket without GRO.
-        gro: false,
+        // UDP_GRO where `main` takes super-frames. Frames from the wire to
+        // this address reach the socket too (its filter drops them), and a
+        // peer's GSO send over veth arrives as one super-frame: without GRO
+        // the kernel cuts it into its frames for the filter to drop one by
+        // one, on the sender's core (a third of a 64 KiB WRITE stream's
+        // throughput over AF_PACKET). Not otherwise: GRO looks a wire
+        // frame's socket up by address, and a GRO socket here makes the
+        // kernel join `main`'s own stream into super-frames, which Linux
+        // before 6.2 cannot hand an AF_PACKET socket with PACKET_VNET_HDR
+        // and drops (in a Debian 12 VM, 94 % of a UDP GSO sender's frames
+        // were lost), and which an AF_XDP socket in generic mode cannot take
+        // in its 4 KiB frames.
+        gro: main.receives_super_frames(),
         mac: main.mac(),
         max_frame_len: main.max_frame_len(),
         ..cfg
@@ -332,6 +336,10 @@ impl PacketIo for LocalPeersIo {
 
     fn gathers(&self) -> bool {
         self.main.gathers()
+    }
+
+    fn receives_super_frames(&self) -> bool {
+        self.main.receives_super_frames()
     }
 
     fn transmit_gather(&mut self, max: usize, src: &mut dyn TxSource) -> Result<usize, NicError> {
