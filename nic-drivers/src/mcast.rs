@@ -45,6 +45,9 @@ pub fn multicast_mac(ip: IpAddr) -> Option<[u8; 6]> {
     }
 }
 
+/// Receive buffer of a socket that receives a group's datagrams.
+const RECEIVE_BUFFER: usize = 8 << 20;
+
 /// The groups one backend has joined, each counted (several QPs may attach
 /// to one group; the last detach leaves it).
 #[derive(Debug)]
@@ -201,6 +204,18 @@ fn membership_socket(
             )?;
         }
         crate::udp::report_rx_headers(raw, v6)?;
+        // Room for a burst, as the UDP backend's own socket has
+        // (`UdpConfig::socket_buffer`): with the default ~208 KiB a
+        // descheduled receiver lost part of perftest's 500-message UD
+        // multicast burst (`ib_send_bw -c UD -g` beside another test), and
+        // a UD receiver then waits for ever for what was lost.
+        sys::set_socket_buffer(
+            raw,
+            sys::SO_RCVBUFFORCE,
+            libc::SO_RCVBUF,
+            RECEIVE_BUFFER,
+            "SO_RCVBUF (multicast)",
+        );
         // An interface- or link-local group (ff01::/16, ff02::/16: scope
         // 1 or 2, RFC 4291 2.7) is bound with its interface, as a link-local
         // address is; perftest's default MGID is ff01:0:2:c985::.

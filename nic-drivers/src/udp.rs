@@ -617,6 +617,9 @@ impl UdpIo {
                 "IPV6_MULTICAST_HOPS",
             );
         }
+        if cfg.ifindex != 0 {
+            multicast_out_of(raw, v6, cfg.ifindex);
+        }
         let share = joining
             .map(|j| j.join(raw, cfg.share_prefix, gro))
             .transpose()?;
@@ -1134,6 +1137,43 @@ impl TxSource for Whole<'_, '_> {
 
     fn payload(&self, _: &PayloadRef) -> Option<&[u8]> {
         None
+    }
+}
+
+/// Sends to multicast groups out of interface `ifindex`, as rxe sends out
+/// of its netdev. A socket bound to an address of the interface goes there
+/// anyway (Linux routes a group send by its source address); one bound to
+/// the wildcard address went by route: another interface on a host with
+/// several, none in a namespace without a default route (ENETUNREACH,
+/// every multicast frame lost).
+fn multicast_out_of(fd: RawFd, v6: bool, ifindex: u32) {
+    let mreq = libc::ip_mreqn {
+        imr_multiaddr: libc::in_addr { s_addr: 0 },
+        imr_address: libc::in_addr { s_addr: 0 },
+        imr_ifindex: ifindex as libc::c_int,
+    };
+    // A dual-stack socket sends to IPv4 groups (v4-mapped) through the IPv4
+    // path, which reads the IPv4 option.
+    if let Err(e) = sys::setsockopt(
+        fd,
+        libc::IPPROTO_IP,
+        libc::IP_MULTICAST_IF,
+        &mreq,
+        "IP_MULTICAST_IF",
+    ) {
+        tracing::debug!("{e}");
+    }
+    if v6 {
+        let index = ifindex as libc::c_int;
+        if let Err(e) = sys::setsockopt(
+            fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MULTICAST_IF,
+            &index,
+            "IPV6_MULTICAST_IF",
+        ) {
+            tracing::debug!("{e}");
+        }
     }
 }
 

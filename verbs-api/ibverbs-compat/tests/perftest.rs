@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{can_run, pair, pair_from, topology};
+use common::{backend, can_run, pair, pair_from, topology};
 
 const T: Duration = Duration::from_secs(90);
 
@@ -29,6 +29,12 @@ fn run(tag: &str, tool: &str, cases: &[(&[&str], &str)]) {
     }
     let topo = topology(tag);
     for (args, bytes) in cases {
+        // A UDP-backend device sends from the one IPv4 address its socket is
+        // bound to: its IPv6 GID (index 2) is refused at set-up (udp_gids.rs).
+        if backend() == "udp" && args.windows(2).any(|w| w == ["-x", "2"]) {
+            eprintln!("SKIP {tool} {args:?}: the UDP backend has no IPv6 source GID");
+            continue;
+        }
         let (s, c) = pair(&topo, tool, args, T);
         assert!(
             has_result(&c, bytes) || has_result(&s, bytes),
@@ -67,6 +73,12 @@ fn ib_write_bw() {
 #[test]
 fn ib_write_bw_and_ib_read_bw_on_one_host() {
     if !can_run("one host", &["ib_write_bw", "ib_read_bw"]) {
+        return;
+    }
+    // One interface queue takes one AF_XDP socket in copy mode (veth): the
+    // second device on the host gets EBUSY, where `auto` would give it AF_PACKET.
+    if backend() == "afxdp" {
+        eprintln!("SKIP one host: two AF_XDP devices cannot share veth0's queue");
         return;
     }
     let topo = topology("c1h");
