@@ -220,6 +220,48 @@ pub(crate) fn if_state_by_index(fd: RawFd, index: u32) -> Option<(libc::c_int, O
     Some((flags, carrier))
 }
 
+/// The name of the driver behind interface `name` ("veth", "virtio_net",
+/// ...), asked through `fd`; None when the driver does not say.
+pub(crate) fn if_driver(fd: RawFd, name: &str) -> Option<String> {
+    // linux/ethtool.h: ETHTOOL_GDRVINFO fills a struct ethtool_drvinfo.
+    const ETHTOOL_GDRVINFO: u32 = 0x0000_0003;
+    #[repr(C)]
+    struct DrvInfo {
+        cmd: u32,
+        driver: [u8; 32],
+        version: [u8; 32],
+        fw_version: [u8; 32],
+        bus_info: [u8; 32],
+        erom_version: [u8; 32],
+        reserved2: [u8; 12],
+        counts: [u32; 5],
+    }
+    let mut info = DrvInfo {
+        cmd: ETHTOOL_GDRVINFO,
+        driver: [0; 32],
+        version: [0; 32],
+        fw_version: [0; 32],
+        bus_info: [0; 32],
+        erom_version: [0; 32],
+        reserved2: [0; 12],
+        counts: [0; 5],
+    };
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    copy_ifname(&mut ifr, name).ok()?;
+    ifr.ifr_ifru.ifru_data = (&mut info as *mut DrvInfo).cast();
+    // SAFETY: SIOCETHTOOL reads ifr_name and the command ifru_data points
+    // at, and writes the rest of `info` (its full size); `info` outlives the call.
+    if unsafe { libc::ioctl(fd, libc::SIOCETHTOOL, &mut ifr) } < 0 {
+        return None;
+    }
+    let end = info.driver.iter().position(|&b| b == 0).unwrap_or(32);
+    std::str::from_utf8(&info.driver[..end])
+        .ok()
+        .filter(|d| !d.is_empty())
+        .map(str::to_string)
+}
+
 fn copy_ifname(ifr: &mut libc::ifreq, name: &str) -> Result<(), NicError> {
     let b = name.as_bytes();
     if b.is_empty() || b.len() >= ifr.ifr_name.len() {

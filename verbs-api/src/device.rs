@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use ferroce_nic::afpacket::{AfPacketConfig, AfPacketIo};
+use ferroce_nic::afpacket::{AfPacketConfig, AfPacketIo, Gather};
 use ferroce_nic::afxdp::{AfXdpConfig, AfXdpIo, XdpMode};
 use ferroce_nic::{PacketIo, UdpConfig, UdpIo};
 
@@ -303,10 +303,14 @@ pub(crate) fn open_io(cfg: &DeviceConfig) -> Result<OpenedIo> {
                 // Only the transport core fills this backend's frames, and its ICRCs are right.
                 tx_icrc_valid: true,
                 gso,
-                // The kernel copies payloads straight from the regions
-                // (AfPacketConfig::gather); FERROCE_AFPACKET_GATHER=0 joins
-                // each frame in the TX ring first, for comparison.
-                gather: std::env::var("FERROCE_AFPACKET_GATHER").map_or(true, |v| v != "0"),
+                // Payloads copied by the kernel straight from the regions
+                // on veth, through the TX ring elsewhere (afpacket::Gather);
+                // FERROCE_AFPACKET_GATHER=1 or 0 forces one way.
+                gather: match std::env::var("FERROCE_AFPACKET_GATHER").as_deref() {
+                    Ok("1") => Gather::Always,
+                    Ok("0") => Gather::Never,
+                    _ => Gather::Auto,
+                },
                 ..AfPacketConfig::new(&cfg.ifname)
             })
             .map(|io| (Box::new(io) as Box<dyn PacketIo>, None))
