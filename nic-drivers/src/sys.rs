@@ -377,7 +377,7 @@ impl TimerFd {
 /// Appends `len` bytes at `p` to a message's iovecs (those from `start`
 /// on), extending the last one when they follow it (a tail and the next
 /// frame's head).
-pub(crate) fn push_iov(iov: &mut Vec<libc::iovec>, start: usize, p: *mut u8, len: usize) {
+fn push_iov(iov: &mut Vec<libc::iovec>, start: usize, p: *mut u8, len: usize) {
     if len == 0 {
         return;
     }
@@ -393,4 +393,31 @@ pub(crate) fn push_iov(iov: &mut Vec<libc::iovec>, start: usize, p: *mut u8, len
         iov_base: p.cast(),
         iov_len: len,
     });
+}
+
+/// Appends one gathered frame's iovecs to a message's (those from `start`
+/// on): `head` in place, its payload from `src`, then `tail` in place.
+/// False, leaving the payload out, when `src` no longer has the payload.
+pub(crate) fn push_gathered(
+    iov: &mut Vec<libc::iovec>,
+    start: usize,
+    head: (*mut u8, usize),
+    payload: Option<&crate::PayloadRef>,
+    src: &dyn crate::TxSource,
+    tail: (*mut u8, usize),
+) -> bool {
+    push_iov(iov, start, head.0, head.1);
+    let mut ok = true;
+    if let Some(pr) = payload {
+        match src.payload(pr).filter(|b| b.len() == pr.len) {
+            Some(b) => iov.push(libc::iovec {
+                // The kernel only reads through it (sendmsg).
+                iov_base: b.as_ptr().cast_mut().cast(),
+                iov_len: b.len(),
+            }),
+            None => ok = false,
+        }
+    }
+    push_iov(iov, start, tail.0, tail.1);
+    ok
 }

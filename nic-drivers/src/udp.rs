@@ -1705,22 +1705,13 @@ impl UdpIo {
             let start = self.tx_iov.len();
             let mut ok = true;
             for g in self.gather_frames.iter().skip(r.first).take(r.frames) {
-                sys::push_iov(&mut self.tx_iov, start, base.wrapping_add(g.at), g.head);
-                if let Some(pr) = &g.payload {
-                    match src.payload(pr).filter(|b| b.len() == pr.len) {
-                        Some(b) => self.tx_iov.push(libc::iovec {
-                            // The kernel only reads through it (sendmsg).
-                            iov_base: b.as_ptr().cast_mut().cast(),
-                            iov_len: b.len(),
-                        }),
-                        None => ok = false,
-                    }
-                }
-                sys::push_iov(
+                ok &= sys::push_gathered(
                     &mut self.tx_iov,
                     start,
-                    base.wrapping_add(g.at + g.head),
-                    g.tail,
+                    (base.wrapping_add(g.at), g.head),
+                    g.payload.as_ref(),
+                    src,
+                    (base.wrapping_add(g.at + g.head), g.tail),
                 );
             }
             if ok {

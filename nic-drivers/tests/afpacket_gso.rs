@@ -93,16 +93,7 @@ fn send_and_check(kind: &str, v6: bool, gathered: bool, open_rx: fn(&str, End) -
     let before = a.stats();
     if gathered {
         assert!(a.gathers());
-        let mut src = Splitter {
-            frames: &frames,
-            next: 0,
-        };
-        let mut sent = 0;
-        while sent < frames.len() {
-            let n = a.transmit_gather(64, &mut src).unwrap();
-            assert!(n > 0);
-            sent += n;
-        }
+        send_gathered(&mut a, &frames);
     } else {
         send_all(&mut a, &frames);
     }

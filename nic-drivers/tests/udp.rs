@@ -5,7 +5,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::Splitter;
+use common::send_gathered;
 
 use ferroce_nic::frame::{build_udp_frame, parse_udp, HeaderSpec};
 use ferroce_nic::{PacketIo, UdpConfig, UdpIo};
@@ -403,16 +403,7 @@ fn gathered_frames_arrive_whole() {
         let l3 = 14;
         // A short one now and then.
         let frames = roce_frames(&spec, 150, |i| if i % 40 == 39 { 512 } else { 4096 });
-        let mut src = Splitter {
-            frames: &frames,
-            next: 0,
-        };
-        let mut sent = 0;
-        while sent < frames.len() {
-            let n = tx.transmit_gather(64, &mut src).unwrap();
-            assert!(n > 0);
-            sent += n;
-        }
+        send_gathered(&mut tx, &frames);
         let mut got = Vec::new();
         drain(&mut rx, frames.len(), &mut got);
         assert_eq!(got.len(), frames.len(), "{addr} gso {gso} uring {uring}");

@@ -314,27 +314,13 @@ impl GatherTx {
                 } else {
                     p.at + p.skip
                 };
-                sys::push_iov(
+                ok &= sys::push_gathered(
                     &mut self.iov,
                     start,
-                    base.wrapping_add(from),
-                    p.at + p.head - from,
-                );
-                if let Some(pr) = &p.payload {
-                    match src.payload(pr).filter(|b| b.len() == pr.len) {
-                        Some(b) => self.iov.push(libc::iovec {
-                            // The kernel only reads through it (sendmsg).
-                            iov_base: b.as_ptr().cast_mut().cast(),
-                            iov_len: b.len(),
-                        }),
-                        None => ok = false,
-                    }
-                }
-                sys::push_iov(
-                    &mut self.iov,
-                    start,
-                    base.wrapping_add(p.at + p.head),
-                    p.tail,
+                    (base.wrapping_add(from), p.at + p.head - from),
+                    p.payload.as_ref(),
+                    src,
+                    (base.wrapping_add(p.at + p.head), p.tail),
                 );
             }
             if ok {

@@ -294,9 +294,9 @@ pub const SIZES: &[usize] = &[60, 64, 128, 1024, 1500, 4096, 4200, 8000, 9014];
 
 /// Serves whole RoCE frames to `transmit_gather` in two parts around their
 /// payload (every third one whole, as the core writes ACKs and copied frames).
-pub struct Splitter<'a> {
-    pub frames: &'a [Vec<u8>],
-    pub next: usize,
+struct Splitter<'a> {
+    frames: &'a [Vec<u8>],
+    next: usize,
 }
 
 impl ferroce_nic::TxSource for Splitter<'_> {
@@ -330,5 +330,17 @@ impl ferroce_nic::TxSource for Splitter<'_> {
     fn payload(&self, p: &ferroce_nic::PayloadRef) -> Option<&[u8]> {
         let f = self.frames.get(p.key as usize)?;
         f.get(p.offset as usize..p.offset as usize + p.len)
+    }
+}
+
+/// Sends whole RoCE frames through `transmit_gather`, split as [`Splitter`]
+/// splits them, until every one is taken.
+pub fn send_gathered<P: ferroce_nic::PacketIo + ?Sized>(io: &mut P, frames: &[Vec<u8>]) {
+    let mut src = Splitter { frames, next: 0 };
+    let mut sent = 0;
+    while sent < frames.len() {
+        let n = io.transmit_gather(64, &mut src).unwrap();
+        assert!(n > 0);
+        sent += n;
     }
 }
