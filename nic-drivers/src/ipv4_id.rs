@@ -240,6 +240,23 @@ impl IdRecovery {
         true
     }
 
+    /// Gives a packet whose payload lies elsewhere (a gathered send) the Identification `id`:
+    /// `l3` is its head (IPv4 header, UDP header, BTH, ...; `head_len` bytes) followed by its
+    /// tail (pad, ICRC), `len` its whole length. Its ICRC must be right (the transport core
+    /// built it). Returns whether it carries `id` now.
+    pub fn give_id_split(&mut self, l3: &mut [u8], head_len: usize, len: usize, id: u16) -> bool {
+        let Some(icrc_at) = l3
+            .len()
+            .checked_sub(icrc::ICRC_LEN)
+            .filter(|&at| at >= head_len)
+        else {
+            return false;
+        };
+        let (head, tail) = l3.split_at_mut(head_len);
+        id_of(head) == Some(id)
+            || self.set_id_of_valid_split(head, len, &mut tail[icrc_at - head_len..], id)
+    }
+
     fn change_id(&mut self, l3: &mut [u8], id: u16, check: bool) -> bool {
         if !is_plain_ipv4(l3) || l3.len() < IPV4_HLEN + icrc::ICRC_LEN {
             return false;

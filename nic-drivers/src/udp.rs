@@ -47,7 +47,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use crate::frame::{self, HeaderSpec};
-use crate::ipv4_id::{self, IdRecovery};
+use crate::ipv4_id::IdRecovery;
 use crate::mcast::Memberships;
 use crate::port_share::{self, PortShare};
 use crate::uring_rx::MultishotRx;
@@ -1495,17 +1495,8 @@ impl UdpIo {
                     match f.payload {
                         // Frames split by the source are the core's, ICRC right.
                         Some(_) => {
-                            let (head, tail) = self.tx_arena[frame_at + l3..frame_at + in_arena]
-                                .split_at_mut(f.head - l3);
-                            let icrc_at = tail.len().saturating_sub(4);
-                            if ipv4_id::id_of(head) != Some(k) {
-                                self.ids.set_id_of_valid_split(
-                                    head,
-                                    total - l3,
-                                    &mut tail[icrc_at..],
-                                    k,
-                                );
-                            }
+                            let pkt = &mut self.tx_arena[frame_at + l3..frame_at + in_arena];
+                            self.ids.give_id_split(pkt, f.head - l3, total - l3, k);
                         }
                         None => {
                             let pkt = &mut self.tx_arena[frame_at + l3..frame_at + hl + plen];

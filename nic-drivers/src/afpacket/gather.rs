@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::frame::ETH_HLEN;
 use crate::gso::{self, Run, VNET_HDR_LEN};
-use crate::ipv4_id::{self, IdRecovery};
+use crate::ipv4_id::IdRecovery;
 use crate::{sys, NicError, PayloadRef, Stats, TxSource};
 
 /// A super-frame's limit (the TX ring's slot size: 64 KiB).
@@ -44,14 +44,13 @@ struct Piece {
     tail: usize,
 }
 
-/// One message: frames `first..first + frames`, a GSO run when `run` is
-/// set; `wire` bytes on the wire.
+/// One message: frames `first..first + frames` (one segment each), a GSO
+/// run when `run` is set; `wire` bytes on the wire.
 #[derive(Debug, Clone)]
 struct Msg {
     run: Option<Run>,
     first: usize,
     frames: usize,
-    segs: usize,
     wire: usize,
 }
 
@@ -201,7 +200,6 @@ impl GatherTx {
                 run,
                 first: self.pieces.len() - 1,
                 frames: 1,
-                segs: 1,
                 wire: total,
             });
             if open.as_ref().is_some_and(|m| m.run.is_none()) {
@@ -236,20 +234,13 @@ impl GatherTx {
                     .get_mut(p.at + ETH_HLEN..p.at + total)
                     .is_some_and(|l3| self.ids.give_id(l3, id, self.icrc_valid)),
                 // A split frame is the transport core's: its ICRC is right.
-                Some(_) => match self.arena.get_mut(p.at + ETH_HLEN..p.at + p.head + p.tail) {
-                    Some(l3) if p.tail >= ipv4_id::icrc::ICRC_LEN => {
-                        let (head, tail) = l3.split_at_mut(p.head - ETH_HLEN);
-                        let icrc = tail.len() - ipv4_id::icrc::ICRC_LEN;
-                        ipv4_id::id_of(head) == Some(id)
-                            || self.ids.set_id_of_valid_split(
-                                head,
-                                total - ETH_HLEN,
-                                &mut tail[icrc..],
-                                id,
-                            )
-                    }
-                    _ => false,
-                },
+                Some(_) => self
+                    .arena
+                    .get_mut(p.at + ETH_HLEN..p.at + p.head + p.tail)
+                    .is_some_and(|l3| {
+                        self.ids
+                            .give_id_split(l3, p.head - ETH_HLEN, total - ETH_HLEN, id)
+                    }),
             };
             if !ok {
                 return false;
@@ -259,7 +250,6 @@ impl GatherTx {
         r.push(total - hl);
         p.skip = hl;
         m.frames += 1;
-        m.segs += 1;
         m.wire += total;
         let closed = r.is_closed();
         self.pieces.push(p);
@@ -327,7 +317,7 @@ impl GatherTx {
                 self.spans.push(Some((start, self.iov.len() - start)));
             } else {
                 self.iov.truncate(start);
-                stats.tx_dropped += m.segs as u64;
+                stats.tx_dropped += m.frames as u64;
                 self.spans.push(None);
             }
         }
@@ -341,7 +331,7 @@ impl GatherTx {
             h.msg_hdr.msg_iov = self.iov[start..].as_mut_ptr();
             h.msg_hdr.msg_iovlen = n as _;
             self.hdrs.push(h);
-            self.sent.push((m.segs, m.wire));
+            self.sent.push((m.frames, m.wire));
         }
         self.msgs.clear();
         self.pieces.clear();
